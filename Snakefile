@@ -1,0 +1,17 @@
+# EAGLE-3 drafter workflow: prompts -> target responses -> hidden states -> drafter -> acceptance.
+# Stages live in rules/<stage>.smk; their logic in the `eagleflow` package.
+
+
+configfile: "config.yaml"
+
+
+include: "rules/common.smk"
+include: "rules/demo.smk"
+include: "rules/prompts.smk"
+
+
+rule all:
+    default_target: True
+    input:
+        target_model_dir(),
+        "results/prompts/prompts.jsonl",

@@ -1,0 +1,1 @@
+"""eagleflow: prompts to a working EAGLE-3 drafter, as a Snakemake workflow."""

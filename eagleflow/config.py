@@ -1,0 +1,51 @@
+"""Config checks that name the offending key: schema errors and paths that do not exist."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import jsonschema
+import yaml
+
+from eagleflow.logs import InputError
+
+
+def _key(path: list) -> str:
+    return ".".join(str(p) for p in path) or "(top level)"
+
+
+def schema_errors(config: dict, schema_path: str | Path) -> list[str]:
+    """One line per schema violation, each starting with the dotted key it concerns."""
+    schema = yaml.safe_load(Path(schema_path).read_text())
+    validator = jsonschema.Draft202012Validator(schema)
+    lines = []
+    for error in sorted(validator.iter_errors(config), key=lambda e: list(map(str, e.path))):
+        if error.validator == "additionalProperties":
+            allowed = sorted(error.schema.get("properties", {}))
+            unknown = sorted(set(error.instance) - set(allowed))
+            for key in unknown:
+                lines.append(
+                    f"{_key([*error.path, key])}: unknown config key (allowed here: "
+                    f"{', '.join(allowed)})"
+                )
+        else:
+            lines.append(f"{_key(list(error.path))}: {error.message}")
+    return lines
+
+
+def missing_paths(config: dict) -> list[str]:
+    """Configured input paths that do not exist, each named by its key."""
+    missing = []
+    model = config["target"]["model"]
+    if model and not Path(model).is_dir():
+        missing.append(f"target.model: {model} is not a directory")
+    for i, path in enumerate(config["prompts"]["paths"]):
+        if not Path(path).is_file():
+            missing.append(f"prompts.paths[{i}]: {path} does not exist")
+    return missing
+
+
+def raise_if_invalid(problems: list[str]) -> None:
+    """Raise one InputError listing every problem, or return if there is none."""
+    if problems:
+        raise InputError("invalid config:\n  " + "\n  ".join(problems))

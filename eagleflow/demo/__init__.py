@@ -1,0 +1,1 @@
+"""The demo target: a small Llama trained offline on a synthetic reasoning corpus."""

@@ -1,0 +1,44 @@
+"""Logging for workflow jobs: the job's log file and the terminal get the same lines."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+
+def setup_job_logging(log_path: str | Path | None, name: str = "eagleflow") -> logging.Logger:
+    """Log INFO lines to stderr and, when given, to `log_path` (Snakemake's `log:` file).
+
+    Progress bars (tqdm) stay on stderr only: a log file full of carriage returns helps nobody.
+    """
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")  # nothing may reach a model hub at run time
+    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+    handlers: list[logging.Handler] = [logging.StreamHandler(sys.stderr)]
+    if log_path:
+        Path(log_path).parent.mkdir(parents=True, exist_ok=True)
+        handlers.append(logging.FileHandler(log_path, mode="w"))
+    logging.basicConfig(
+        level=logging.INFO,
+        format="%(asctime)s %(name)s %(levelname)s %(message)s",
+        handlers=handlers,
+        force=True,
+    )
+    return logging.getLogger(name)
+
+
+class InputError(ValueError):
+    """Bad user input (file, line, key, layer id): reported as one line, without a traceback."""
+
+
+@contextlib.contextmanager
+def exit_on_input_error(log: logging.Logger) -> Iterator[None]:
+    """Report an InputError as one clear log line and exit 1, which fails the Snakemake job."""
+    try:
+        yield
+    except InputError as err:
+        log.error("%s", err)
+        sys.exit(1)

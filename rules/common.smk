@@ -1,0 +1,34 @@
+# Config validation and input functions. No rule lives here.
+from pathlib import Path
+
+from snakemake.exceptions import WorkflowError
+from snakemake.utils import min_version, validate
+
+from eagleflow.config import missing_paths, raise_if_invalid, schema_errors
+
+min_version("9.0")
+
+
+CONFIG_SCHEMA = Path(workflow.current_basedir) / "schemas/config.schema.yaml"
+# validate() fills in defaults and rejects unknown keys; on failure, replace its dump of the whole
+# schema with one line per problem that names the key.
+try:
+    validate(config, CONFIG_SCHEMA)
+except WorkflowError:
+    raise_if_invalid(schema_errors(config, CONFIG_SCHEMA))
+    raise
+raise_if_invalid(missing_paths(config))
+
+
+DEMO_TARGET = "results/demo/target"
+DEMO_PROMPTS = "results/demo/prompts.jsonl"
+
+
+def target_model_dir(wildcards=None):
+    """The target model directory: the configured one, else the demo target this workflow builds."""
+    return config["target"]["model"] or DEMO_TARGET
+
+
+def prompt_files(wildcards=None):
+    """The prompt JSONL files: the configured ones, else the demo prompts."""
+    return config["prompts"]["paths"] or [DEMO_PROMPTS]

@@ -1,0 +1,36 @@
+# The built-in demo target and its held-out prompts: deterministic, offline, built on demand.
+
+
+rule demo_target:
+    output:
+        directory(DEMO_TARGET),
+    log:
+        "results/logs/demo_target.log",
+    benchmark:
+        "results/benchmarks/demo_target.tsv"
+    conda:
+        "../envs/torch.yaml"
+    threads: 2
+    resources:
+        mem_mb=4000,
+    params:
+        settings=config["demo_target"],
+    script:
+        "../scripts/demo_target.py"
+
+
+rule demo_prompts:
+    output:
+        DEMO_PROMPTS,
+    log:
+        "results/logs/demo_prompts.log",
+    conda:
+        "../envs/torch.yaml"
+    params:
+        seed=config["demo_prompts"]["seed"],
+        prompt_count=config["demo_prompts"]["count"],
+        # Held-out means disjoint from the training corpus, so the corpus knobs matter too.
+        corpus_seed=config["demo_target"]["seed"],
+        corpus_size=config["demo_target"]["train_conversations"],
+    script:
+        "../scripts/demo_prompts.py"

@@ -1,0 +1,54 @@
+"""Config validation: a wrong key or type fails at `snakemake -n` time and names the key."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import yaml
+from conftest import REPO, run_snakemake, write_config
+
+from eagleflow.config import schema_errors
+
+SCHEMA = REPO / "rules" / "schemas" / "config.schema.yaml"
+
+
+def test_repo_config_and_test_config_are_valid() -> None:
+    for path in (REPO / "config.yaml", REPO / "tests" / "config.test.yaml"):
+        assert schema_errors(yaml.safe_load(path.read_text()), SCHEMA) == []
+
+
+def test_schema_errors_name_the_key() -> None:
+    config = yaml.safe_load((REPO / "config.yaml").read_text())
+    config["prompts"]["on_eror"] = "skip"
+    config["demo_target"]["num_layers"] = 4
+    config["tempreature"] = 0.7
+    assert schema_errors(config, SCHEMA) == [
+        "tempreature: unknown config key (allowed here: demo_prompts, demo_target, prompts, "
+        "target)",
+        "demo_target.num_layers: 4 is less than the minimum of 8",
+        "prompts.on_eror: unknown config key (allowed here: limit, on_error, paths)",
+    ]
+
+
+def test_dry_run_lists_the_dag(tmp_path: Path) -> None:
+    write_config(tmp_path)
+    result = run_snakemake(tmp_path, "-n")
+    for rule in ("demo_target", "demo_prompts", "normalize_prompts"):
+        assert f"rule {rule}:" in result.stdout
+
+
+def test_dry_run_fails_on_a_misspelled_key(tmp_path: Path) -> None:
+    write_config(tmp_path, {"prompts": {"on_eror": "skip"}})
+    result = run_snakemake(tmp_path, "-n", check=False)
+    assert result.returncode != 0
+    assert "prompts.on_eror: unknown config key" in result.stdout + result.stderr
+
+
+def test_dry_run_fails_on_paths_that_do_not_exist(tmp_path: Path) -> None:
+    write_config(
+        tmp_path, {"target": {"model": "no/such/model"}, "prompts": {"paths": ["x.jsonl"]}}
+    )
+    result = run_snakemake(tmp_path, "-n", check=False)
+    assert result.returncode != 0
+    assert "target.model: no/such/model is not a directory" in result.stdout + result.stderr
+    assert "prompts.paths[0]: x.jsonl does not exist" in result.stdout + result.stderr
