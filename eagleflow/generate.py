@@ -1,0 +1,334 @@
+"""Target responses: the target model answers each planned request, thinking included.
+
+Three backends give the same record format: `vllm` (in-process engine), `server` (any
+OpenAI-compatible endpoint that returns token ids, e.g. `vllm serve`) and `hf` (transformers).
+Prompt ids are rendered once, at plan time, with the target's own chat template; responses keep
+the ids the engine produced, so no later stage ever re-tokenizes generated text.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor, as_completed
+from dataclasses import dataclass
+from pathlib import Path
+
+from tqdm import tqdm
+
+from eagleflow.files import read_jsonl, write_jsonl
+from eagleflow.logs import InputError
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Sampling:
+    temperature: float
+    top_p: float
+    max_new_tokens: int
+    seed: int
+
+
+@dataclass(frozen=True)
+class Completion:
+    token_ids: list[int]
+    finish_reason: str  # "stop" (end of turn) or "length" (hit max_new_tokens)
+
+
+def request_seed(seed: int, sample_id: str) -> int:
+    """A per-request seed: a sample's answer does not depend on its shard or batch neighbours."""
+    digest = hashlib.sha256(f"{seed}:{sample_id}".encode()).digest()
+    return int.from_bytes(digest[:4], "little") & 0x7FFFFFFF
+
+
+def _progress(total: int, desc: str) -> tqdm:
+    return tqdm(total=total, desc=desc, unit="prompt", dynamic_ncols=True)
+
+
+def generate_vllm(
+    model_dir: str | Path,
+    prompt_ids: Sequence[list[int]],
+    seeds: Sequence[int],
+    sampling: Sampling,
+    max_model_len: int,
+) -> list[Completion]:
+    """Generate in-process with vLLM (its progress bar shows prompts/s, tokens/s and ETA)."""
+    from vllm import SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    from eagleflow.engine import build_llm
+
+    llm = build_llm(model_dir, seed=sampling.seed, max_model_len=max_model_len)
+    params = [
+        SamplingParams(
+            temperature=sampling.temperature,
+            top_p=sampling.top_p,
+            max_tokens=sampling.max_new_tokens,
+            seed=seed,
+            detokenize=False,
+        )
+        for seed in seeds
+    ]
+    outputs = llm.generate([TokensPrompt(prompt_token_ids=ids) for ids in prompt_ids], params)
+    completions = []
+    for out in outputs:
+        choice = out.outputs[0]
+        reason = "length" if choice.finish_reason == "length" else "stop"
+        completions.append(Completion(list(choice.token_ids), reason))
+    return completions
+
+
+def generate_hf(
+    model_dir: str | Path,
+    prompt_ids: Sequence[list[int]],
+    seeds: Sequence[int],
+    sampling: Sampling,
+    batch_size: int = 16,
+) -> list[Completion]:
+    """Generate with transformers, batches of similar prompt length, left-padded."""
+    import torch
+    from transformers import AutoModelForCausalLM, GenerationConfig
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.bfloat16).eval()
+    eos = GenerationConfig.from_pretrained(model_dir).eos_token_id
+    eos_ids = set(eos if isinstance(eos, list) else [eos])
+    pad = model.config.pad_token_id if model.config.pad_token_id is not None else min(eos_ids)
+    order = sorted(range(len(prompt_ids)), key=lambda i: len(prompt_ids[i]))
+    completions: dict[int, Completion] = {}
+    produced, start = 0, time.monotonic()
+    with _progress(len(prompt_ids), "generate (hf)") as bar, torch.inference_mode():
+        for first in range(0, len(order), batch_size):
+            batch = order[first : first + batch_size]
+            width = max(len(prompt_ids[i]) for i in batch)
+            input_ids = torch.tensor(
+                [[pad] * (width - len(prompt_ids[i])) + prompt_ids[i] for i in batch]
+            )
+            attention = torch.tensor(
+                [[0] * (width - len(prompt_ids[i])) + [1] * len(prompt_ids[i]) for i in batch]
+            )
+            # One seed per batch: transformers samples a batch from one generator.
+            torch.manual_seed(seeds[batch[0]])
+            out = model.generate(
+                input_ids=input_ids,
+                attention_mask=attention,
+                max_new_tokens=sampling.max_new_tokens,
+                do_sample=sampling.temperature > 0,
+                temperature=sampling.temperature if sampling.temperature > 0 else None,
+                top_p=sampling.top_p if sampling.temperature > 0 else None,
+                pad_token_id=pad,
+            )
+            for row, i in zip(out[:, width:].tolist(), batch, strict=True):
+                ends = [k for k, token in enumerate(row) if token in eos_ids]
+                ids = row[: ends[0] + 1] if ends else row
+                completions[i] = Completion(ids, "stop" if ends else "length")
+                produced += len(ids)
+            bar.update(len(batch))
+            bar.set_postfix(tok_s=f"{produced / (time.monotonic() - start):.0f}")
+    return [completions[i] for i in range(len(prompt_ids))]
+
+
+def _post_json(url: str, payload: dict, timeout: float) -> dict:
+    import requests
+
+    response = requests.post(url, json=payload, timeout=timeout)
+    if response.status_code >= 400:
+        raise requests.HTTPError(
+            f"{response.status_code}: {response.text[:300]}", response=response
+        )
+    return response.json()
+
+
+def server_model_name(url: str, timeout: float = 10.0) -> str:
+    """The first model a server lists; InputError naming the URL when it cannot be reached."""
+    import requests
+
+    try:
+        response = requests.get(f"{url.rstrip('/')}/v1/models", timeout=timeout)
+        response.raise_for_status()
+        return response.json()["data"][0]["id"]
+    except (requests.RequestException, KeyError, IndexError, ValueError) as err:
+        raise InputError(
+            f"generation server {url} is unreachable or lists no model: {err}"
+        ) from None
+
+
+def with_retries(call: Callable[[], dict], retries: int, backoff_s: float) -> dict:
+    """Call, retrying connection errors, timeouts, 429 and 5xx with exponential backoff."""
+    import requests
+
+    for attempt in range(retries + 1):
+        try:
+            return call()
+        except requests.RequestException as err:
+            status = err.response.status_code if err.response is not None else None
+            if attempt == retries or (status is not None and status < 500 and status != 429):
+                raise
+            wait = backoff_s * 2**attempt
+            log.warning(
+                "request failed (%s); retry %d/%d in %.1fs", err, attempt + 1, retries, wait
+            )
+            time.sleep(wait)
+    raise AssertionError("unreachable")
+
+
+def generate_server(
+    url: str,
+    prompt_ids: Sequence[list[int]],
+    seeds: Sequence[int],
+    sampling: Sampling,
+    *,
+    concurrency: int = 8,
+    retries: int = 4,
+    backoff_s: float = 1.0,
+    timeout_s: float = 600.0,
+) -> list[Completion]:
+    """Generate against an OpenAI-compatible server, `concurrency` requests in flight at most.
+
+    Prompts are sent as token ids and the server must return the generated ids
+    (`return_token_ids`, as vLLM does): re-tokenizing returned text would change ids.
+    """
+    model = server_model_name(url)
+    endpoint = f"{url.rstrip('/')}/v1/completions"
+
+    def one(i: int) -> Completion:
+        payload = {
+            "model": model,
+            "prompt": prompt_ids[i],
+            "max_tokens": sampling.max_new_tokens,
+            "temperature": sampling.temperature,
+            "top_p": sampling.top_p,
+            "seed": seeds[i],
+            "return_token_ids": True,
+            "skip_special_tokens": False,
+        }
+        body = with_retries(lambda: _post_json(endpoint, payload, timeout_s), retries, backoff_s)
+        choice = body["choices"][0]
+        if choice.get("token_ids") is None:
+            raise InputError(
+                f"server {url} returned no token ids; it must support `return_token_ids` "
+                "(vLLM does) because re-tokenizing generated text changes ids"
+            )
+        reason = "length" if choice.get("finish_reason") == "length" else "stop"
+        return Completion(list(choice["token_ids"]), reason)
+
+    completions: list[Completion | None] = [None] * len(prompt_ids)
+    produced, start = 0, time.monotonic()
+    with (
+        _progress(len(prompt_ids), "generate (server)") as bar,
+        ThreadPoolExecutor(max_workers=concurrency) as pool,
+    ):
+        futures = {pool.submit(one, i): i for i in range(len(prompt_ids))}
+        for future in as_completed(futures):
+            i = futures[future]
+            completions[i] = future.result()
+            produced += len(completions[i].token_ids)
+            bar.update(1)
+            bar.set_postfix(tok_s=f"{produced / (time.monotonic() - start):.0f}")
+    return completions  # type: ignore[return-value]
+
+
+def generate_completions(
+    requests: list[dict],
+    model_dir: str | Path,
+    backend: str,
+    sampling: Sampling,
+    *,
+    max_model_len: int,
+    server_url: str | None = None,
+    server_concurrency: int = 8,
+) -> list[Completion]:
+    """Completions for planned requests with the chosen backend, in request order."""
+    prompt_ids = [r["prompt_token_ids"] for r in requests]
+    seeds = [request_seed(sampling.seed, r["id"]) for r in requests]
+    if backend == "vllm":
+        return generate_vllm(model_dir, prompt_ids, seeds, sampling, max_model_len)
+    if backend == "hf":
+        return generate_hf(model_dir, prompt_ids, seeds, sampling)
+    if backend == "server":
+        if not server_url:
+            raise InputError("generation.server_url: required when generation.backend is 'server'")
+        return generate_server(
+            server_url, prompt_ids, seeds, sampling, concurrency=server_concurrency
+        )
+    raise InputError(f"generation.backend: unknown backend {backend!r} (vllm, server, hf)")
+
+
+def response_records(
+    requests: list[dict],
+    completions: list[Completion],
+    tokenizer,
+    on_truncated: str,
+) -> tuple[list[dict], int]:
+    """Join requests and completions into output records; drop truncated ones if asked.
+
+    Returns the records and the number of truncated answers (kept or dropped).
+    """
+    records, truncated = [], 0
+    for request, completion in zip(requests, completions, strict=True):
+        is_truncated = completion.finish_reason == "length"
+        truncated += is_truncated
+        if is_truncated and on_truncated == "drop":
+            continue
+        ids = completion.token_ids
+        # The end-of-turn token belongs in the ids (the drafter must learn to predict it) but
+        # not in the readable text.
+        text_ids = ids[:-1] if completion.finish_reason == "stop" and ids else ids
+        records.append(
+            {
+                "id": request["id"],
+                "prompt_id": request["prompt_id"],
+                "messages": request["messages"],
+                "prompt_token_ids": request["prompt_token_ids"],
+                "response_token_ids": ids,
+                "response_text": tokenizer.decode(text_ids, skip_special_tokens=False),
+                "finish_reason": completion.finish_reason,
+                "truncated": is_truncated,
+                "prompt_tokens": len(request["prompt_token_ids"]),
+                "response_tokens": len(ids),
+            }
+        )
+    return records, truncated
+
+
+def generate_shard(
+    requests_path: str | Path,
+    model_dir: str | Path,
+    out_path: str | Path,
+    *,
+    backend: str,
+    sampling: Sampling,
+    on_truncated: str,
+    max_model_len: int,
+    server_url: str | None = None,
+    server_concurrency: int = 8,
+) -> dict:
+    """Answer one planned shard and write its records atomically; return a summary."""
+    from transformers import AutoTokenizer
+
+    requests = read_jsonl(requests_path)
+    start = time.monotonic()
+    completions = generate_completions(
+        requests,
+        model_dir,
+        backend,
+        sampling,
+        max_model_len=max_model_len,
+        server_url=server_url,
+        server_concurrency=server_concurrency,
+    )
+    seconds = time.monotonic() - start
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    records, truncated = response_records(requests, completions, tokenizer, on_truncated)
+    write_jsonl(out_path, records)
+    generated = sum(len(c.token_ids) for c in completions)
+    return {
+        "requests": len(requests),
+        "records": len(records),
+        "truncated": truncated,
+        "generated_tokens": generated,
+        "seconds": round(seconds, 2),
+        "tokens_per_s": round(generated / seconds, 1) if seconds else None,
+    }

@@ -1,0 +1,146 @@
+"""The shard plan: which generation requests go into which shard, sized by estimated tokens.
+
+A shard is the unit of work, scheduling, verification and regeneration (what users call a
+"chunk" of the dataset). Shards are packed by tokens, not samples, so jobs take similar time.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+from eagleflow.files import atomic_output, read_jsonl, write_json
+from eagleflow.logs import InputError
+
+SHARD_FILE = "shard-{}.jsonl"
+
+
+def shard_name(index: int) -> str:
+    """The shard id used in file names and Snakemake wildcards: 5 digits, zero-padded."""
+    return f"{index:05d}"
+
+
+def generation_requests(prompts: list[dict], turns: str) -> list[dict]:
+    """The requests to generate: one per prompt (`last`) or one per assistant turn (`each`).
+
+    `last` answers the conversation after its final user turn (a trailing assistant turn, if
+    any, is replaced). `each` regenerates every assistant turn given the original turns before
+    it, so multi-turn data becomes one on-policy sample per assistant turn.
+    """
+    if turns not in ("last", "each"):
+        raise ValueError(f"turns must be 'last' or 'each', not {turns!r}")
+    requests = []
+    for prompt in prompts:
+        messages = prompt["messages"]
+        last_user = max(i for i, m in enumerate(messages) if m["role"] == "user")
+        if turns == "last":
+            cuts = [last_user + 1]
+        else:
+            cuts = [
+                i
+                for i, m in enumerate(messages)
+                if m["role"] == "assistant" and messages[i - 1]["role"] == "user" and i > 0
+            ]
+            if messages[-1]["role"] == "user":
+                cuts.append(len(messages))
+        for turn, cut in enumerate(cuts):
+            sample_id = prompt["id"] if turns == "last" else f"{prompt['id']}-t{turn}"
+            requests.append(
+                {"id": sample_id, "prompt_id": prompt["id"], "messages": messages[:cut]}
+            )
+    return requests
+
+
+def pack_shards(token_estimates: list[int], shard_tokens: int, max_samples: int) -> list[range]:
+    """Split requests, in order, into consecutive shards of at most `shard_tokens` estimated
+    tokens and `max_samples` samples (a single request larger than the budget gets its own)."""
+    shards: list[range] = []
+    start, tokens = 0, 0
+    for i, estimate in enumerate(token_estimates):
+        full = tokens + estimate > shard_tokens or i - start >= max_samples
+        if i > start and full:
+            shards.append(range(start, i))
+            start, tokens = i, 0
+        tokens += estimate
+    if start < len(token_estimates):
+        shards.append(range(start, len(token_estimates)))
+    return shards
+
+
+def write_plan(
+    out_dir: str | Path,
+    requests: list[dict],
+    prompt_token_ids: list[list[int]],
+    *,
+    expected_response_tokens: int,
+    shard_tokens: int,
+    max_samples: int,
+) -> dict:
+    """Write `out_dir/shard-NNNNN.jsonl` (requests with their prompt token ids) and `plan.json`.
+
+    The directory appears complete or not at all. Same requests and settings give the same plan.
+    """
+    estimates = [len(ids) + expected_response_tokens for ids in prompt_token_ids]
+    shards = pack_shards(estimates, shard_tokens, max_samples)
+    summary = {"shards": [], "samples": len(requests), "estimated_tokens": sum(estimates)}
+    with atomic_output(out_dir) as tmp:
+        tmp.mkdir()
+        for index, members in enumerate(shards):
+            name = shard_name(index)
+            lines = [
+                json.dumps({**requests[i], "prompt_token_ids": prompt_token_ids[i]})
+                for i in members
+            ]
+            text = "".join(line + "\n" for line in lines)
+            (tmp / SHARD_FILE.format(name)).write_text(text)
+            summary["shards"].append(
+                {
+                    "shard": name,
+                    "samples": len(members),
+                    "estimated_tokens": sum(estimates[i] for i in members),
+                    "sha256": hashlib.sha256(text.encode()).hexdigest(),
+                }
+            )
+        write_json(tmp / "plan.json", summary)
+    return summary
+
+
+def plan_from_prompts(
+    prompts_path: str | Path,
+    model_dir: str | Path,
+    out_dir: str | Path,
+    *,
+    turns: str,
+    max_model_len: int,
+    shard_tokens: int,
+    max_samples_per_shard: int,
+    expected_response_tokens: int,
+) -> dict:
+    """Render every request's prompt ids with the target's chat template and write the plan.
+
+    A prompt that leaves no room for a response within `max_model_len` is an error naming it.
+    """
+    from transformers import AutoTokenizer
+
+    from eagleflow.chat import render_prompt_ids
+
+    prompts = read_jsonl(prompts_path)
+    sources = {p["id"]: p.get("source", p["id"]) for p in prompts}
+    requests = generation_requests(prompts, turns)
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    prompt_ids = [render_prompt_ids(tokenizer, r["messages"]) for r in requests]
+    for request, ids in zip(requests, prompt_ids, strict=True):
+        if len(ids) >= max_model_len:
+            raise InputError(
+                f"{sources[request['prompt_id']]}: prompt {request['id']} has {len(ids)} tokens, "
+                f"no room for an answer within target.max_model_len={max_model_len}"
+            )
+    return write_plan(
+        out_dir,
+        requests,
+        prompt_ids,
+        expected_response_tokens=expected_response_tokens,
+        shard_tokens=shard_tokens,
+        max_samples=max_samples_per_shard,
+    )

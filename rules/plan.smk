@@ -1,0 +1,19 @@
+# The shard plan (a checkpoint: the shard count is known only once the prompts are read).
+
+
+checkpoint plan:
+    input:
+        prompts="results/prompts/prompts.jsonl",
+        model=target_model_dir,
+    output:
+        directory("results/plan"),
+    log:
+        "results/logs/plan.log",
+    conda:
+        "../envs/torch.yaml"
+    params:
+        turns=config["generation"]["turns"],
+        max_model_len=config["target"]["max_model_len"],
+        settings=config["plan"],
+    script:
+        "../scripts/plan.py"

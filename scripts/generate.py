@@ -1,0 +1,22 @@
+"""Snakemake entry: the target answers one shard's requests (see eagleflow.generate)."""
+
+from eagleflow.generate import Sampling, generate_shard
+from eagleflow.logs import exit_on_input_error, setup_job_logging
+
+if __name__ == "__main__":  # vLLM spawns worker processes that re-import this module
+    log = setup_job_logging(snakemake.log[0])
+    params = snakemake.params
+    generation = snakemake.config["generation"]
+    with exit_on_input_error(log):
+        summary = generate_shard(
+            snakemake.input.requests,
+            snakemake.input.model,
+            snakemake.output[0],
+            backend=params.backend,
+            sampling=Sampling(params.temperature, params.top_p, params.max_new_tokens, params.seed),
+            on_truncated=params.on_truncated,
+            max_model_len=params.max_model_len,
+            server_url=generation["server_url"],
+            server_concurrency=generation["server_concurrency"],
+        )
+    log.info("%s", summary)

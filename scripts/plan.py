@@ -1,0 +1,21 @@
+"""Snakemake entry: split the normalized prompts into token-sized shards (see eagleflow.plan)."""
+
+from eagleflow.logs import exit_on_input_error, setup_job_logging
+from eagleflow.plan import plan_from_prompts
+
+log = setup_job_logging(snakemake.log[0])
+with exit_on_input_error(log):
+    summary = plan_from_prompts(
+        snakemake.input.prompts,
+        snakemake.input.model,
+        snakemake.output[0],
+        turns=snakemake.params.turns,
+        max_model_len=snakemake.params.max_model_len,
+        **snakemake.params.settings,
+    )
+log.info(
+    "%d samples in %d shards, %d estimated tokens",
+    summary["samples"],
+    len(summary["shards"]),
+    summary["estimated_tokens"],
+)
