@@ -1,0 +1,105 @@
+"""Generation side by side on the same prompts, in one run: vLLM in-process, vLLM server, HF.
+
+Prints tokens/s of each backend, the server/in-process ratio, and the fraction of prompts whose
+greedy token ids are identical between backends (with the position of the first difference).
+
+    .venv/bin/python bench/generation.py --model results/demo/target \
+        --prompts results/prompts/prompts.jsonl --n 300
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+from pathlib import Path
+
+from transformers import AutoTokenizer
+
+from eagleflow.chat import render_prompt_ids
+from eagleflow.files import read_jsonl
+from eagleflow.generate import Sampling, generate_hf, generate_server, generate_vllm
+from eagleflow.serve import running_server
+
+
+def first_difference(a: list[int], b: list[int]) -> int | None:
+    for i, (x, y) in enumerate(zip(a, b, strict=False)):
+        if x != y:
+            return i
+    return None if len(a) == len(b) else min(len(a), len(b))
+
+
+def compare(name: str, reference: list, other: list) -> dict:
+    diffs = [
+        first_difference(r.token_ids, o.token_ids) for r, o in zip(reference, other, strict=True)
+    ]
+    differing = [d for d in diffs if d is not None]
+    identical = len(diffs) - len(differing)
+    return {
+        "pair": name,
+        "identical": identical,
+        "of": len(diffs),
+        "fraction": round(identical / len(diffs), 4),
+        "median_first_difference": sorted(differing)[len(differing) // 2] if differing else None,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--model", default="results/demo/target")
+    parser.add_argument("--prompts", default="results/prompts/prompts.jsonl")
+    parser.add_argument("--n", type=int, default=300)
+    parser.add_argument("--max-new-tokens", type=int, default=256)
+    parser.add_argument("--port", type=int, default=18731)
+    parser.add_argument("--skip-hf", action="store_true")
+    parser.add_argument("--json", type=Path, help="also write the figures here")
+    args = parser.parse_args()
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+    tokenizer = AutoTokenizer.from_pretrained(args.model)
+    prompts = read_jsonl(args.prompts)[: args.n]
+    prompt_ids = [render_prompt_ids(tokenizer, p["messages"]) for p in prompts]
+    seeds = [0] * len(prompt_ids)
+    greedy = Sampling(temperature=0.0, top_p=1.0, max_new_tokens=args.max_new_tokens, seed=0)
+
+    runs: dict[str, tuple[list, float]] = {}
+
+    def timed(name: str, fn) -> None:
+        start = time.monotonic()
+        completions = fn()
+        seconds = time.monotonic() - start
+        runs[name] = (completions, seconds)
+
+    timed("vllm", lambda: generate_vllm(args.model, prompt_ids, seeds, greedy, 1024))
+    with running_server(args.model, port=args.port) as url:
+        timed("server", lambda: generate_server(url, prompt_ids, seeds, greedy, concurrency=32))
+    if not args.skip_hf:
+        timed("hf", lambda: generate_hf(args.model, prompt_ids, seeds, greedy))
+
+    figures = {"prompts": len(prompt_ids), "backends": {}, "agreement": []}
+    print(f"\n{len(prompt_ids)} prompts, greedy, max_new_tokens={args.max_new_tokens}")
+    print(f"{'backend':<8} {'tokens':>8} {'seconds':>8} {'tok/s':>8}")
+    for name, (completions, seconds) in runs.items():
+        tokens = sum(len(c.token_ids) for c in completions)
+        figures["backends"][name] = {"tokens": tokens, "seconds": round(seconds, 2),
+                                     "tokens_per_s": round(tokens / seconds, 1)}  # fmt: skip
+        print(f"{name:<8} {tokens:>8} {seconds:>8.1f} {tokens / seconds:>8.0f}")
+    rate = {k: v["tokens_per_s"] for k, v in figures["backends"].items()}
+    figures["server_over_inprocess"] = round(rate["server"] / rate["vllm"], 3)
+    print(f"server / in-process tok/s: {figures['server_over_inprocess']:.2f}")
+    reference = runs["vllm"][0]
+    for other in [k for k in runs if k != "vllm"]:
+        agreement = compare(f"vllm vs {other}", reference, runs[other][0])
+        figures["agreement"].append(agreement)
+        print(
+            f"{agreement['pair']}: identical token ids for {agreement['identical']}/"
+            f"{agreement['of']} prompts ({agreement['fraction']:.1%}); median first differing "
+            f"position among the rest: {agreement['median_first_difference']}"
+        )
+    if args.json:
+        args.json.write_text(json.dumps(figures, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()
