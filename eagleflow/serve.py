@@ -60,7 +60,7 @@ def running_server(
 ) -> Iterator[str]:
     """Start a vLLM server, yield its base URL once it answers, stop it (and its workers) after."""
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
-    log = open(log_path, "w") if log_path else subprocess.DEVNULL  # noqa: SIM115
+    log = open(log_path, "w") if log_path else subprocess.DEVNULL
     process = subprocess.Popen(
         serve_command(model_dir, host, port, max_model_len, extra),
         stdout=log,
