@@ -29,8 +29,6 @@ rule demo_prompts:
     params:
         seed=config["demo_prompts"]["seed"],
         prompt_count=config["demo_prompts"]["count"],
-        # Held-out means disjoint from the training corpus, so the corpus knobs matter too.
-        corpus_seed=config["demo_target"]["seed"],
-        corpus_size=config["demo_target"]["train_conversations"],
+        # No corpus knob here: the held-out split is a hash of the prompt text.
     script:
         "../scripts/demo_prompts.py"
