@@ -1,0 +1,503 @@
+"""The hidden-state shard format: the one module that knows it (write, open, verify, codecs).
+
+A shard is a zarr v3 group directory (`…/shard-NNNNN.zarr`) holding its samples concatenated
+along the token axis, without padding:
+
+    aux        uint16 [T, A, H]   bf16 bit patterns of the aux layers (ids `aux_layer_ids`)
+    last       uint16 [T, H]      bf16 bit patterns of layer `last_layer_id`, before the final norm
+    input_ids  int32  [T]
+    loss_mask  bool   [T]
+    offsets    int64  [S+1]       sample i is rows offsets[i]:offsets[i+1]
+
+bf16 is not a zarr dtype, so activations are stored as their uint16 views (never through fp16,
+which is not bit-exact); the group attributes record `logical_dtype: "bfloat16"`. Every chunk
+ends in a crc32c checksum, so a corrupt chunk fails loudly on read. Chunks run along the token
+axis only and hold about `chunk_bytes` of raw data each.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import itertools
+import warnings
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import zarr
+from zarr.codecs import BloscCodec, Crc32cCodec, ZstdCodec
+from zarr.codecs.numcodecs import Shuffle
+from zarr.errors import ZarrUserWarning
+
+from eagleflow.files import atomic_output
+
+FORMAT_VERSION = 1
+LOGICAL_DTYPE = "bfloat16"
+DEFAULT_CODEC = "shuffle-zstd1"
+DEFAULT_CHUNK_BYTES = 2 * 2**20
+
+# Attributes the writer sets itself; the caller's `attrs` may not override them.
+FORMAT_ATTRS = (
+    "format_version",
+    "aux_layer_ids",
+    "last_layer_id",
+    "logical_dtype",
+    "hidden_size",
+    "num_samples",
+    "num_tokens",
+    "sample_ids",
+    "codec",
+)
+# Arrays written sample by sample along the token axis, with their stored dtypes.
+TOKEN_ARRAYS = {"aux": "uint16", "last": "uint16", "input_ids": "int32", "loss_mask": "bool"}
+ARRAY_DTYPES = {**TOKEN_ARRAYS, "offsets": "int64"}
+
+# Compressors (bytes-to-bytes codecs) of the activation arrays, by name; crc32c is always
+# appended. The element size of every activation array is 2 bytes (bf16 bit patterns).
+CODECS: dict[str, Callable[[], list]] = {
+    "none": lambda: [],
+    "zstd1": lambda: [ZstdCodec(level=1)],
+    "zstd3": lambda: [ZstdCodec(level=3)],
+    "shuffle-zstd1": lambda: [Shuffle(elementsize=2), ZstdCodec(level=1)],
+    "shuffle-zstd3": lambda: [Shuffle(elementsize=2), ZstdCodec(level=3)],
+    "blosc-zstd1-shuffle": lambda: [
+        BloscCodec(cname="zstd", clevel=1, shuffle="shuffle", typesize=2)
+    ],
+    "blosc-zstd1-bitshuffle": lambda: [
+        BloscCodec(cname="zstd", clevel=1, shuffle="bitshuffle", typesize=2)
+    ],
+    "blosc-lz4-shuffle": lambda: [BloscCodec(cname="lz4", clevel=5, shuffle="shuffle", typesize=2)],
+}
+
+
+@contextlib.contextmanager
+def _quiet() -> Iterator[None]:
+    """Silence zarr's warning that numcodecs codecs are outside the v3 spec (raised per open)."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="Numcodecs codecs", category=ZarrUserWarning)
+        yield
+
+
+def bf16_to_uint16(t: torch.Tensor) -> np.ndarray:
+    """The bit patterns of a bf16 tensor as a uint16 numpy array (bit-exact, on the CPU)."""
+    if t.dtype != torch.bfloat16:
+        raise TypeError(f"expected a bfloat16 tensor, got {t.dtype}")
+    return t.detach().cpu().contiguous().view(torch.uint16).numpy()
+
+
+def uint16_to_bf16(a: np.ndarray) -> torch.Tensor:
+    """The bf16 tensor whose bit patterns are the uint16 array `a` (bit-exact)."""
+    if a.dtype != np.uint16:
+        raise TypeError(f"expected a uint16 array, got {a.dtype}")
+    return torch.from_numpy(np.ascontiguousarray(a)).view(torch.bfloat16)
+
+
+def _activation_bits(x: torch.Tensor | np.ndarray, name: str) -> np.ndarray:
+    if isinstance(x, torch.Tensor):
+        return bf16_to_uint16(x)
+    if isinstance(x, np.ndarray) and x.dtype == np.uint16:
+        return x
+    raise TypeError(f"{name}: expected a bf16 tensor or a uint16 array, got {type(x).__name__}")
+
+
+def _as_numpy(x: Any) -> np.ndarray:
+    return x.detach().cpu().numpy() if isinstance(x, torch.Tensor) else np.asarray(x)
+
+
+def _rows_per_chunk(row_bytes: int, chunk_bytes: int) -> int:
+    return max(1, chunk_bytes // row_bytes)
+
+
+class _Column:
+    """One token-axis array being written: buffers at most one chunk of rows, writes full chunks.
+
+    Chunks are written whole and aligned, so the bytes of every chunk depend only on the rows
+    appended, not on how they were split into samples.
+    """
+
+    def __init__(self, array: zarr.Array) -> None:
+        self.array = array
+        self.rows = array.chunks[0]
+        self.buffer = np.empty((self.rows, *array.shape[1:]), dtype=array.dtype)
+        self.fill = 0  # rows waiting in the buffer
+        self.written = 0  # rows already in the array
+
+    def push(self, data: np.ndarray) -> None:
+        pos = 0
+        if self.fill:
+            pos = min(self.rows - self.fill, len(data))
+            self.buffer[self.fill : self.fill + pos] = data[:pos]
+            self.fill += pos
+            if self.fill == self.rows:
+                self._write(self.buffer)
+                self.fill = 0
+        whole = (len(data) - pos) // self.rows * self.rows
+        if whole:  # whole chunks go straight to the array, in one call (encoded concurrently)
+            self._write(data[pos : pos + whole])
+            pos += whole
+        rest = len(data) - pos
+        self.buffer[self.fill : self.fill + rest] = data[pos:]
+        self.fill += rest
+
+    def close(self) -> None:
+        if self.fill:
+            self._write(self.buffer[: self.fill])
+            self.fill = 0
+
+    def _write(self, block: np.ndarray) -> None:
+        end = self.written + len(block)
+        self.array.resize((end, *self.array.shape[1:]))
+        self.array[self.written : end] = block
+        self.written = end
+
+
+class ShardWriter:
+    """Stream samples into a new shard; it appears under `path` only when closed successfully.
+
+    Use as a context manager. Everything is written under a temporary sibling (`.tmp-<name>`,
+    a stale one removed first) and renamed onto `path` on a clean exit; on an exception the
+    temporary store is removed and nothing appears under `path`. Memory stays bounded: each
+    array buffers at most one chunk of rows. The same samples appended in the same order give
+    byte-identical files.
+    """
+
+    def __init__(
+        self,
+        path: str | Path,
+        *,
+        aux_layer_ids: list[int],
+        last_layer_id: int,
+        hidden_size: int,
+        attrs: dict[str, Any],
+        codec: str = DEFAULT_CODEC,
+        chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+    ) -> None:
+        if codec not in CODECS:
+            raise ValueError(f"unknown codec {codec!r}; choose one of {sorted(CODECS)}")
+        if len(set(aux_layer_ids)) != len(aux_layer_ids) or not aux_layer_ids:
+            raise ValueError(f"aux_layer_ids must be distinct and non-empty: {aux_layer_ids}")
+        reserved = sorted(set(attrs) & set(FORMAT_ATTRS))
+        if reserved:
+            raise ValueError(f"attrs may not set format attributes {reserved}")
+        self.path = Path(path)
+        self.aux_layer_ids = [int(i) for i in aux_layer_ids]
+        self.last_layer_id = int(last_layer_id)
+        self.hidden_size = int(hidden_size)
+        self.attrs = dict(attrs)
+        self.codec = codec
+        self.chunk_bytes = int(chunk_bytes)
+        self.sample_ids: list[str] = []
+        self._seen: set[str] = set()
+        self.offsets = [0]
+        self._atomic: contextlib.AbstractContextManager[Path] | None = None
+        self._group: zarr.Group | None = None
+        self._columns: dict[str, _Column] = {}
+
+    @property
+    def num_samples(self) -> int:
+        return len(self.sample_ids)
+
+    @property
+    def num_tokens(self) -> int:
+        return self.offsets[-1]
+
+    def __enter__(self) -> ShardWriter:
+        self._atomic = atomic_output(self.path)
+        tmp = self._atomic.__enter__()
+        try:
+            self._group = zarr.open_group(tmp, mode="w", zarr_format=3)
+            a, h = len(self.aux_layer_ids), self.hidden_size
+            shapes = {"aux": (a, h), "last": (h,), "input_ids": (), "loss_mask": ()}
+            for name, inner in shapes.items():
+                self._columns[name] = _Column(self._create(name, (0, *inner)))
+        except BaseException as error:
+            self._atomic.__exit__(type(error), error, error.__traceback__)
+            raise
+        return self
+
+    def _create(self, name: str, shape: tuple[int, ...]) -> zarr.Array:
+        dtype = np.dtype(ARRAY_DTYPES[name])
+        row_bytes = int(np.prod(shape[1:], dtype=np.int64)) * dtype.itemsize
+        with _quiet():
+            if name in ("aux", "last"):
+                compressors = CODECS[self.codec]()
+            else:  # token ids, mask and offsets: small, and zstd suits them whatever the codec
+                compressors = [ZstdCodec(level=3)]
+            return self._group.create_array(
+                name,
+                shape=shape,
+                chunks=(_rows_per_chunk(row_bytes, self.chunk_bytes), *shape[1:]),
+                dtype=dtype,
+                compressors=[*compressors, Crc32cCodec()],
+                fill_value=0,
+                # Otherwise zarr skips chunks that equal the fill value, and verification
+                # could not tell a legitimately all-zero chunk from a lost one.
+                config={"write_empty_chunks": True},
+            )
+
+    def append(
+        self,
+        sample_id: str,
+        input_ids: Any,
+        loss_mask: Any,
+        aux: torch.Tensor | np.ndarray,
+        last: torch.Tensor | np.ndarray,
+    ) -> None:
+        """Add one sample: `aux` [T, A, H] and `last` [T, H] as bf16 tensors or uint16 arrays."""
+        if self._group is None:
+            raise RuntimeError("ShardWriter.append outside its `with` block")
+        ids, mask = _as_numpy(input_ids), _as_numpy(loss_mask)
+        aux_bits, last_bits = _activation_bits(aux, "aux"), _activation_bits(last, "last")
+        t, a, h = len(ids), len(self.aux_layer_ids), self.hidden_size
+        expected = {"input_ids": (t,), "loss_mask": (t,), "aux": (t, a, h), "last": (t, h)}
+        actual = {"input_ids": ids, "loss_mask": mask, "aux": aux_bits, "last": last_bits}
+        for name, shape in expected.items():
+            if actual[name].shape != shape:
+                found = actual[name].shape
+                raise ValueError(f"{sample_id}: {name} has shape {found}, expected {shape}")
+        if t == 0:
+            raise ValueError(f"{sample_id}: empty sample")
+        if ids.dtype.kind not in "iu" or ids.min() < 0 or ids.max() > np.iinfo(np.int32).max:
+            raise ValueError(f"{sample_id}: input_ids must be non-negative int32 token ids")
+        if sample_id in self._seen:
+            raise ValueError(f"duplicate sample id {sample_id!r}")
+        actual["input_ids"], actual["loss_mask"] = ids.astype(np.int32), mask.astype(bool)
+        for name, column in self._columns.items():
+            column.push(actual[name])
+        self.sample_ids.append(str(sample_id))
+        self._seen.add(str(sample_id))
+        self.offsets.append(self.offsets[-1] + t)
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        atomic, self._atomic = self._atomic, None
+        if exc_type is None:
+            try:
+                self._finish()
+            except BaseException as error:
+                atomic.__exit__(type(error), error, error.__traceback__)
+                raise
+        atomic.__exit__(exc_type, exc, tb)
+        self._group = None
+
+    def _finish(self) -> None:
+        for column in self._columns.values():
+            column.close()
+        offsets = self._create("offsets", (len(self.offsets),))
+        offsets[:] = np.asarray(self.offsets, dtype=np.int64)
+        self._group.update_attributes(
+            {
+                "format_version": FORMAT_VERSION,
+                "aux_layer_ids": self.aux_layer_ids,
+                "last_layer_id": self.last_layer_id,
+                "logical_dtype": LOGICAL_DTYPE,
+                "hidden_size": self.hidden_size,
+                "num_samples": self.num_samples,
+                "num_tokens": self.num_tokens,
+                "sample_ids": self.sample_ids,
+                "codec": self.codec,
+                **self.attrs,
+            }
+        )
+
+
+class _RowReader:
+    """Reads row ranges of one array, keeping the rest of the last chunk it decoded.
+
+    Consecutive ranges (sample after sample) thus decode every chunk once.
+    """
+
+    def __init__(self, array: zarr.Array) -> None:
+        self.array = array
+        self.rows = array.chunks[0]
+        self.total = array.shape[0]
+        self.cache = np.empty((0, *array.shape[1:]), dtype=array.dtype)
+        self.cache_start = 0
+
+    def read(self, start: int, stop: int) -> np.ndarray:
+        parts = []
+        cache_stop = self.cache_start + len(self.cache)
+        if self.cache_start <= start < cache_stop:
+            end = min(stop, cache_stop)
+            # A copy, so that a caller editing a sample in place cannot alter the cache.
+            parts.append(self.cache[start - self.cache_start : end - self.cache_start].copy())
+            start = end
+        if start < stop:
+            end = min(self.total, -(-stop // self.rows) * self.rows)  # to the chunk's end
+            block = self.array[start:end]
+            parts.append(block[: stop - start])
+            keep = max(start, (end - 1) // self.rows * self.rows)
+            self.cache, self.cache_start = block[keep - start :].copy(), keep
+        return parts[0] if len(parts) == 1 else np.concatenate(parts)
+
+
+class Shard:
+    """A shard opened for reading (see `open_shard`). Not safe to share between threads."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        if not (self.path / "zarr.json").is_file():
+            raise FileNotFoundError(f"{self.path}: not a shard (no zarr.json)")
+        with _quiet():
+            self.group = zarr.open_group(self.path, mode="r", zarr_format=3)
+            self.arrays: dict[str, zarr.Array] = {name: self.group[name] for name in ARRAY_DTYPES}
+        self.attrs: dict[str, Any] = dict(self.group.attrs)
+        self.offsets: np.ndarray = self.arrays["offsets"][:]
+        self.sample_ids: list[str] = list(self.attrs["sample_ids"])
+        self._readers = {name: _RowReader(self.arrays[name]) for name in TOKEN_ARRAYS}
+
+    @property
+    def num_samples(self) -> int:
+        return len(self.offsets) - 1
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.offsets[-1])
+
+    def __len__(self) -> int:
+        return self.num_samples
+
+    def sample(self, i: int) -> dict[str, Any]:
+        """Sample `i`: sample_id, input_ids (int64), loss_mask (bool), aux [T, A, H] and last
+        [T, H] as bf16 tensors. Reading consecutive samples decodes each chunk once."""
+        if not 0 <= i < self.num_samples:
+            raise IndexError(f"sample {i} out of range for {self.num_samples} samples")
+        start, stop = int(self.offsets[i]), int(self.offsets[i + 1])
+        rows = {name: reader.read(start, stop) for name, reader in self._readers.items()}
+        return {
+            "sample_id": self.sample_ids[i],
+            "input_ids": torch.from_numpy(rows["input_ids"].astype(np.int64)),
+            "loss_mask": torch.from_numpy(rows["loss_mask"]),
+            "aux": uint16_to_bf16(rows["aux"]),
+            "last": uint16_to_bf16(rows["last"]),
+        }
+
+    def iter_samples(self, start: int = 0, stop: int | None = None) -> Iterator[dict[str, Any]]:
+        """Samples `start`..`stop` (exclusive) in order, each chunk decoded once."""
+        stop = self.num_samples if stop is None else min(stop, self.num_samples)
+        for i in range(start, stop):
+            yield self.sample(i)
+
+    def nbytes_raw(self, names: tuple[str, ...] = tuple(ARRAY_DTYPES)) -> int:
+        """Uncompressed bytes of the named arrays (all by default)."""
+        return sum(self.arrays[name].nbytes for name in names)
+
+    def nbytes_stored(self, names: tuple[str, ...] | None = None) -> int:
+        """Bytes on disk of the named arrays, or of the whole store (metadata included)."""
+        if names is None:
+            return sum(p.stat().st_size for p in self.path.rglob("*") if p.is_file())
+        return sum(self.arrays[name].nbytes_stored() for name in names)
+
+
+def open_shard(path: str | Path) -> Shard:
+    """Open the shard at `path` for reading."""
+    return Shard(path)
+
+
+def store_checksums(path: str | Path) -> dict[str, str]:
+    """sha256 of every file in the store, by path relative to it (proves bit-identity)."""
+    root = Path(path)
+    sums = {}
+    for file in sorted(p for p in root.rglob("*") if p.is_file()):
+        digest = hashlib.sha256()
+        with file.open("rb") as stream:
+            for block in iter(lambda s=stream: s.read(2**20), b""):
+                digest.update(block)
+        sums[file.relative_to(root).as_posix()] = digest.hexdigest()
+    return sums
+
+
+def _verify_chunks(path: Path, name: str, array: zarr.Array, budget: int) -> list[str]:
+    """Every chunk file of `array` exists and decodes (crc32c included)."""
+    problems = []
+    keys = (
+        array.metadata.encode_chunk_key(coords)
+        for coords in itertools.product(*(range(n) for n in array.cdata_shape))
+    )
+    missing = [key for key in keys if not (path / name / key).is_file()]
+    if missing:
+        problems.append(f"{path}: {name}: {len(missing)} chunk file(s) missing, e.g. {missing[:3]}")
+    rows = array.chunks[0]
+    chunk_nbytes = int(np.prod(array.chunks, dtype=np.int64)) * array.dtype.itemsize
+    step = rows * max(1, budget // chunk_nbytes)
+    for block in range(0, array.shape[0], step):
+        try:
+            array[block : block + step]
+        except Exception:  # find the chunks of the block that fail
+            for start in range(block, min(block + step, array.shape[0]), rows):
+                try:
+                    array[start : start + rows]
+                except Exception as error:
+                    problems.append(
+                        f"{path}: {name}: chunk at row {start} unreadable: "
+                        f"{type(error).__name__}: {error}"
+                    )
+    return problems
+
+
+def _verify(path: Path, budget: int) -> list[str]:
+    if not path.is_dir():
+        return [f"{path}: shard store missing"]
+    try:
+        with _quiet():
+            group = zarr.open_group(path, mode="r", zarr_format=3)
+        attrs = dict(group.attrs)
+    except Exception as error:
+        return [f"{path}: cannot open the group: {type(error).__name__}: {error}"]
+    problems = [f"{path}: attribute {key!r} missing" for key in FORMAT_ATTRS if key not in attrs]
+    arrays = {}
+    for name, dtype in ARRAY_DTYPES.items():
+        try:
+            with _quiet():
+                array = group[name]
+        except Exception as error:
+            problems.append(f"{path}: array {name!r} missing or unreadable: {error!r}")
+            continue
+        if not isinstance(array, zarr.Array) or array.dtype != np.dtype(dtype):
+            problems.append(f"{path}: {name} is not a {dtype} array")
+        else:
+            arrays[name] = array
+    if problems:
+        return problems
+
+    a, h = len(attrs["aux_layer_ids"]), attrs["hidden_size"]
+    t, s = attrs["num_tokens"], attrs["num_samples"]
+    expected = {"aux": (t, a, h), "last": (t, h), "input_ids": (t,), "loss_mask": (t,)}
+    expected["offsets"] = (s + 1,)
+    for name, shape in expected.items():
+        if arrays[name].shape != shape:
+            problems.append(
+                f"{path}: {name} has shape {arrays[name].shape}, attributes say {shape}"
+            )
+    if attrs["format_version"] != FORMAT_VERSION:
+        problems.append(f"{path}: format_version {attrs['format_version']} != {FORMAT_VERSION}")
+    if attrs["logical_dtype"] != LOGICAL_DTYPE:
+        problems.append(f"{path}: logical_dtype {attrs['logical_dtype']!r} != {LOGICAL_DTYPE!r}")
+    if len(set(attrs["aux_layer_ids"])) != a:
+        problems.append(f"{path}: aux_layer_ids not distinct: {attrs['aux_layer_ids']}")
+    if len(attrs["sample_ids"]) != s:
+        problems.append(f"{path}: {len(attrs['sample_ids'])} sample_ids for num_samples {s}")
+
+    for name, array in arrays.items():
+        problems += _verify_chunks(path, name, array, budget)
+    offsets = arrays["offsets"][:]
+    if len(offsets) and (offsets[0] != 0 or offsets[-1] != t or np.any(np.diff(offsets) < 0)):
+        problems.append(f"{path}: offsets must start at 0, never decrease and end at {t}")
+    return problems
+
+
+def verify_shard(path: str | Path, *, read_budget: int = 64 * 2**20) -> list[str]:
+    """Problems with the shard at `path`, each naming it (empty list = clean); never raises.
+
+    Checks required attributes and their consistency, array presence, dtypes and shapes, the
+    offsets, that every expected chunk file exists (zarr would silently read a missing chunk as
+    zeros), and that every chunk decodes with a matching crc32c. Reads at most `read_budget`
+    bytes at a time.
+    """
+    path = Path(path)
+    try:
+        return _verify(path, read_budget)
+    except Exception as error:  # attributes of the wrong type, say
+        return [f"{path}: malformed shard: {type(error).__name__}: {error}"]
