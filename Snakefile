@@ -10,9 +10,10 @@ include: "rules/demo.smk"
 include: "rules/prompts.smk"
 include: "rules/plan.smk"
 include: "rules/generate.smk"
+include: "rules/prepare.smk"
 
 
 rule all:
     default_target: True
     input:
-        all_responses,
+        all_tokens,

@@ -47,5 +47,5 @@ def planned_shards():
     return [shard["shard"] for shard in json.loads(plan_json.read_text())["shards"]]
 
 
-def all_responses(wildcards=None):
-    return expand("results/responses/shard-{shard}.jsonl", shard=planned_shards())
+def all_tokens(wildcards=None):
+    return expand("results/tokens/shard-{shard}.jsonl", shard=planned_shards())

@@ -19,6 +19,7 @@ rule demo_target:
         "../scripts/demo_target.py"
 
 
+# No corpus knob in params: the held-out split is a hash of the prompt text.
 rule demo_prompts:
     output:
         DEMO_PROMPTS,
@@ -29,6 +30,5 @@ rule demo_prompts:
     params:
         seed=config["demo_prompts"]["seed"],
         prompt_count=config["demo_prompts"]["count"],
-        # No corpus knob here: the held-out split is a hash of the prompt text.
     script:
         "../scripts/demo_prompts.py"

@@ -1,0 +1,187 @@
+"""Extraction progress and disk projection, from what is on disk (never from one sample).
+
+    python -m eagleflow.status [--results results] [--json]
+
+The projection is raw bytes of all tokens (exact once `prepare` has run, an estimate from the
+plan before) divided by the compression ratio measured on the shards done so far. One script
+in the reference run extrapolated from a single sample and was 35% low; this one measures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from eagleflow.files import read_jsonl
+from eagleflow.logs import InputError
+
+# (2, N//2, N-3), the aux layers vLLM, SGLang and EAGLE use by default.
+DEFAULT_AUX_LAYERS = 3
+# Bytes per token besides the activations: int32 id + uint8 loss mask.
+TOKEN_OVERHEAD_BYTES = 5
+
+
+def raw_bytes_per_token(num_aux: int, hidden_size: int) -> int:
+    """Uncompressed bytes one token takes in a shard: aux + last layer in bf16, id and mask."""
+    return (num_aux + 1) * hidden_size * 2 + TOKEN_OVERHEAD_BYTES
+
+
+def free_bytes(path: str | Path) -> int:
+    """Free space where `path` lives. EAGLEFLOW_FREE_BYTES overrides it (tests of the
+    preflight need a disk that is too small without filling a real one)."""
+    if "EAGLEFLOW_FREE_BYTES" in os.environ:
+        return int(os.environ["EAGLEFLOW_FREE_BYTES"])
+    path = Path(path)
+    while not path.exists():
+        path = path.parent
+    return shutil.disk_usage(path).free
+
+
+def _stored_bytes(store: Path) -> int:
+    return sum(f.stat().st_size for f in store.rglob("*") if f.is_file())
+
+
+@dataclass
+class ExtractionStatus:
+    shards_total: int
+    shards_done: int
+    tokens_total: int
+    tokens_total_exact: bool
+    tokens_done: int
+    stored_bytes: int
+    raw_bytes_done: int
+    compression_ratio: float | None
+    projected_bytes: int
+    remaining_bytes: int
+    tokens_per_s: float | None
+    eta_s: float | None
+    free_bytes: int
+
+
+def shard_token_counts(results: Path, shards: list[dict]) -> tuple[dict[str, int], bool]:
+    """Tokens per shard: exact from prepared samples where they exist, else the plan's estimate."""
+    counts, exact = {}, True
+    for shard in shards:
+        tokens = results / "tokens" / f"shard-{shard['shard']}.jsonl"
+        if tokens.exists():
+            counts[shard["shard"]] = sum(s["num_tokens"] for s in read_jsonl(tokens))
+        else:
+            counts[shard["shard"]] = shard["estimated_tokens"]
+            exact = False
+    return counts, exact
+
+
+def extraction_status(
+    results: str | Path, *, num_aux: int, hidden_size: int, window: int = 8
+) -> ExtractionStatus:
+    """Progress of the extract stage under `results/` (plan, tokens and hidden shards)."""
+    results = Path(results)
+    shards = json.loads((results / "plan" / "plan.json").read_text())["shards"]
+    counts, exact = shard_token_counts(results, shards)
+    per_token = raw_bytes_per_token(num_aux, hidden_size)
+    done = []
+    for shard in shards:
+        store = results / "hidden" / f"shard-{shard['shard']}.zarr"
+        if (store / "zarr.json").exists():
+            done.append((store.stat().st_mtime, counts[shard["shard"]], _stored_bytes(store)))
+    tokens_total = sum(counts.values())
+    tokens_done = sum(tokens for _, tokens, _ in done)
+    stored = sum(size for _, _, size in done)
+    raw_done = tokens_done * per_token
+    ratio = raw_done / stored if stored else None
+    # Before any shard exists, assume no compression: a projection may be high, never low.
+    projected = int(tokens_total * per_token / (ratio or 1.0))
+    remaining = max(projected - stored, 0)
+    rate = None
+    recent = sorted(done)[-window:]
+    if len(recent) >= 2 and recent[-1][0] > recent[0][0]:
+        # Tokens finished after the first completion in the window, over the time they took.
+        rate = sum(t for _, t, _ in recent[1:]) / (recent[-1][0] - recent[0][0])
+    eta = (tokens_total - tokens_done) / rate if rate else None
+    return ExtractionStatus(
+        shards_total=len(shards),
+        shards_done=len(done),
+        tokens_total=tokens_total,
+        tokens_total_exact=exact,
+        tokens_done=tokens_done,
+        stored_bytes=stored,
+        raw_bytes_done=raw_done,
+        compression_ratio=round(ratio, 4) if ratio else None,
+        projected_bytes=projected,
+        remaining_bytes=remaining,
+        tokens_per_s=round(rate, 1) if rate else None,
+        eta_s=round(eta) if eta is not None else None,
+        free_bytes=free_bytes(results),
+    )
+
+
+def preflight(status: ExtractionStatus, margin_bytes: int) -> None:
+    """Refuse to start extracting when what is left to write does not fit, saying by how much."""
+    available = status.free_bytes - margin_bytes
+    short = status.remaining_bytes - available
+    if short > 0:
+        raise InputError(
+            f"not enough disk for extraction: {human_bytes(status.remaining_bytes)} still to "
+            f"write (projected total {human_bytes(status.projected_bytes)}), "
+            f"{human_bytes(status.free_bytes)} free minus a margin of "
+            f"{human_bytes(margin_bytes)}: short by {human_bytes(short)}"
+        )
+
+
+def human_bytes(n: float) -> str:
+    for unit in ("B", "KB", "MB", "GB", "TB"):
+        if abs(n) < 1000 or unit == "TB":
+            return f"{n:.1f} {unit}" if unit != "B" else f"{n:.0f} B"
+        n /= 1000
+    raise AssertionError("unreachable")
+
+
+def format_status(status: ExtractionStatus) -> str:
+    """The status as a few lines a person reads."""
+    pct = 100 * status.tokens_done / status.tokens_total if status.tokens_total else 0.0
+    ratio = f"{status.compression_ratio:.3f}x" if status.compression_ratio else "n/a (no shard yet)"
+    eta = time.strftime("%H:%M:%S", time.gmtime(status.eta_s)) if status.eta_s else "n/a"
+    rate = f"{status.tokens_per_s:,.0f} tok/s" if status.tokens_per_s else "n/a"
+    total_kind = "exact" if status.tokens_total_exact else "estimated from the plan"
+    return "\n".join(
+        [
+            f"shards    {status.shards_done}/{status.shards_total} extracted",
+            f"tokens    {status.tokens_done:,}/{status.tokens_total:,} ({pct:.1f}%, total "
+            f"{total_kind})",
+            f"stored    {human_bytes(status.stored_bytes)} (compression {ratio})",
+            f"projected {human_bytes(status.projected_bytes)} in all, "
+            f"{human_bytes(status.remaining_bytes)} still to write",
+            f"free disk {human_bytes(status.free_bytes)}",
+            f"speed     {rate}, ETA {eta}",
+        ]
+    )
+
+
+def target_shape(config: dict, results: Path) -> tuple[int, int]:
+    """(aux layer count, hidden size) of the configured target."""
+    model = Path(config["target"]["model"] or results / "demo" / "target")
+    hidden_size = json.loads((model / "config.json").read_text())["hidden_size"]
+    aux_ids = config.get("extract", {}).get("aux_layer_ids")
+    return (len(aux_ids) if aux_ids else DEFAULT_AUX_LAYERS), hidden_size
+
+
+def main(argv: list[str] | None = None) -> None:
+    import yaml
+
+    parser = argparse.ArgumentParser(description="Extraction progress and disk projection.")
+    parser.add_argument("--results", default="results", type=Path)
+    parser.add_argument("--config", default="config.yaml", type=Path)
+    parser.add_argument("--json", action="store_true", help="print JSON instead of text")
+    args = parser.parse_args(argv)
+    num_aux, hidden_size = target_shape(yaml.safe_load(args.config.read_text()), args.results)
+    status = extraction_status(args.results, num_aux=num_aux, hidden_size=hidden_size)
+    print(json.dumps(asdict(status), indent=2) if args.json else format_status(status))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,16 @@
+# Training samples: the engine's prompt + response ids and the assistant loss mask, per shard.
+
+
+rule prepare:
+    input:
+        "results/responses/shard-{shard}.jsonl",
+    output:
+        "results/tokens/shard-{shard}.jsonl",
+    log:
+        "results/logs/prepare/shard-{shard}.log",
+    conda:
+        "../envs/torch.yaml"
+    params:
+        max_len=config["prepare"]["max_len"] or config["target"]["max_model_len"],
+    script:
+        "../scripts/prepare.py"
