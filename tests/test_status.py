@@ -1,0 +1,113 @@
+"""Extraction status, disk projection, preflight and verify on real zarr shards."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+from eagleflow.files import write_json, write_jsonl
+from eagleflow.logs import InputError
+from eagleflow.shards import ShardWriter
+from eagleflow.status import extraction_status, preflight, raw_bytes_per_token
+from eagleflow.verify import main as verify_main
+from eagleflow.verify import verify_results
+
+HIDDEN, AUX = 64, 3
+
+
+def fake_results(root: Path, shard_lengths: list[list[int]], done: int) -> Path:
+    """A results/ tree: a plan, prepared tokens for every shard, hidden shards for `done`."""
+    results = root / "results"
+    shards = []
+    generator = torch.Generator().manual_seed(0)
+    for index, lengths in enumerate(shard_lengths):
+        name = f"{index:05d}"
+        samples = [
+            {
+                "id": f"s{index}-{i}",
+                "input_ids": list(range(n)),
+                "loss_mask": [1] * n,
+                "num_tokens": n,
+            }
+            for i, n in enumerate(lengths)
+        ]
+        write_jsonl(results / "tokens" / f"shard-{name}.jsonl", samples)
+        shards.append({"shard": name, "samples": len(lengths), "estimated_tokens": 999})
+        if index >= done:
+            continue
+        with ShardWriter(
+            results / "hidden" / f"shard-{name}.zarr",
+            aux_layer_ids=[2, 4, 5],
+            last_layer_id=8,
+            hidden_size=HIDDEN,
+            attrs={},
+        ) as writer:
+            for sample in samples:
+                n = sample["num_tokens"]
+                # Heavy-tailed, like activations, so compression is neither 1x nor huge.
+                states = torch.randn(n, AUX + 1, HIDDEN, generator=generator) ** 3
+                writer.append(sample["id"], sample["input_ids"], sample["loss_mask"],
+                              states[:, :AUX].bfloat16(), states[:, AUX].bfloat16())  # fmt: skip
+    write_json(results / "plan" / "plan.json", {"shards": shards})
+    return results
+
+
+def test_projection_from_a_tenth_of_the_shards_matches_the_final_size(tmp_path: Path) -> None:
+    lengths = [[150 + (7 * i + 13 * s) % 90 for i in range(12)] for s in range(10)]
+    partial = extraction_status(
+        fake_results(tmp_path / "a", lengths, done=1), num_aux=AUX, hidden_size=HIDDEN
+    )
+    final = extraction_status(
+        fake_results(tmp_path / "b", lengths, done=10), num_aux=AUX, hidden_size=HIDDEN
+    )
+    assert partial.tokens_total_exact and partial.tokens_total == final.tokens_done
+    assert partial.shards_done == 1 and final.shards_done == 10
+    error = partial.projected_bytes / final.stored_bytes - 1
+    print(f"projected {partial.projected_bytes} vs actual {final.stored_bytes}: {error:+.2%}")
+    assert abs(error) < 0.02
+    assert final.raw_bytes_done == final.tokens_done * raw_bytes_per_token(AUX, HIDDEN)
+
+
+def test_preflight_refuses_and_says_by_how_much(tmp_path: Path, monkeypatch) -> None:
+    results = fake_results(tmp_path, [[100] * 4] * 4, done=1)
+    monkeypatch.setenv("EAGLEFLOW_FREE_BYTES", "1000")
+    status = extraction_status(results, num_aux=AUX, hidden_size=HIDDEN)
+    with pytest.raises(InputError, match=r"not enough disk .* short by [\d.]+ [KM]B"):
+        preflight(status, margin_bytes=0)
+    monkeypatch.setenv("EAGLEFLOW_FREE_BYTES", str(10**12))
+    preflight(extraction_status(results, num_aux=AUX, hidden_size=HIDDEN), margin_bytes=10**9)
+
+
+def test_verify_names_the_corrupt_and_missing_shards_and_the_repair_command(
+    tmp_path: Path, capsys
+) -> None:
+    results = fake_results(tmp_path, [[300] * 3] * 4, done=4)
+    assert verify_results(results) == {}
+    chunk = sorted((results / "hidden/shard-00001.zarr/aux/c").rglob("*"))[-1]
+    data = bytearray(chunk.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    chunk.write_bytes(bytes(data))
+    os.rename(results / "hidden/shard-00003.zarr", tmp_path / "elsewhere.zarr")
+    report = verify_results(results)
+    assert sorted(report) == ["00001", "00003"]
+    assert "checksum" in " ".join(report["00001"])
+    assert report["00003"] == [f"{results}/hidden/shard-00003.zarr: missing"]
+    assert verify_main(["--results", str(results)]) == 1
+    out = capsys.readouterr().out
+    assert (
+        f"snakemake --cores all --forcerun {results}/hidden/shard-00001.zarr "
+        f"{results}/hidden/shard-00003.zarr"
+    ) in out
+
+
+def test_verify_checks_samples_against_prepared_tokens(tmp_path: Path) -> None:
+    results = fake_results(tmp_path, [[50, 60]], done=1)
+    tokens = results / "tokens/shard-00000.jsonl"
+    rows = [json.loads(line) for line in tokens.read_text().splitlines()]
+    rows[1]["id"] = "other"
+    write_jsonl(tokens, rows)
+    assert "sample ids differ" in verify_results(results)["00000"][0]
