@@ -11,9 +11,10 @@ include: "rules/prompts.smk"
 include: "rules/plan.smk"
 include: "rules/generate.smk"
 include: "rules/prepare.smk"
+include: "rules/extract.smk"
 
 
 rule all:
     default_target: True
     input:
-        all_tokens,
+        all_hidden,

@@ -162,9 +162,9 @@ def format_status(status: ExtractionStatus) -> str:
     )
 
 
-def target_shape(config: dict, results: Path) -> tuple[int, int]:
+def target_shape(config: dict, results: str | Path) -> tuple[int, int]:
     """(aux layer count, hidden size) of the configured target."""
-    model = Path(config["target"]["model"] or results / "demo" / "target")
+    model = Path(config["target"]["model"] or Path(results) / "demo" / "target")
     hidden_size = json.loads((model / "config.json").read_text())["hidden_size"]
     aux_ids = config.get("extract", {}).get("aux_layer_ids")
     return (len(aux_ids) if aux_ids else DEFAULT_AUX_LAYERS), hidden_size

@@ -7,6 +7,7 @@ from snakemake.exceptions import WorkflowError
 from snakemake.utils import min_version, validate
 
 from eagleflow.config import missing_paths, raise_if_invalid, schema_errors
+from eagleflow.layers import resolve_aux_layer_ids, target_num_layers
 
 min_version("9.0")
 
@@ -47,5 +48,11 @@ def planned_shards():
     return [shard["shard"] for shard in json.loads(plan_json.read_text())["shards"]]
 
 
-def all_tokens(wildcards=None):
-    return expand("results/tokens/shard-{shard}.jsonl", shard=planned_shards())
+def all_hidden(wildcards=None):
+    return expand("results/hidden/shard-{shard}.zarr", shard=planned_shards())
+
+
+def aux_layer_ids(wildcards, input):
+    """Resolved aux layer ids, so the params (and reruns) follow the ids actually captured."""
+    num_layers = target_num_layers(input.model)
+    return resolve_aux_layer_ids(config["extract"]["aux_layer_ids"], num_layers)
