@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import copy
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -69,3 +71,42 @@ def demo_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     write_config(workdir)
     run_snakemake(workdir)
     return workdir
+
+
+def run_and_kill(workdir: Path, wait_for: Path, *args: str, delay_s: float = 5.0) -> None:
+    """Start the workflow one job at a time, then SIGKILL it and every process it started
+    (engines included) `delay_s` after `wait_for` appears: a crash in the middle of a job."""
+    cmd = [
+        sys.executable, "-m", "snakemake",
+        "--snakefile", str(REPO / "Snakefile"),
+        "--directory", str(workdir),
+        "--cores", "2", "--jobs", "1",
+        *args,
+    ]  # fmt: skip
+    run = subprocess.Popen(
+        cmd,
+        cwd=workdir,
+        start_new_session=True,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    deadline = time.monotonic() + 900
+    while not wait_for.exists():
+        if run.poll() is not None or time.monotonic() > deadline:
+            pytest.fail(f"workflow ended or timed out before {wait_for} appeared")
+        time.sleep(0.5)
+    time.sleep(delay_s)
+    os.killpg(run.pid, signal.SIGKILL)
+    run.wait()
+    # A killed Snakemake leaves its lock behind; the user's next step is the same.
+    run_snakemake(workdir, "--unlock")
+
+
+def scheduled_outputs(dry_run_stdout: str, prefix: str) -> list[str]:
+    """Output paths starting with `prefix` that a `snakemake -n` listing schedules."""
+    outputs = []
+    for line in dry_run_stdout.splitlines():
+        line = line.strip()
+        if line.startswith("output: "):
+            outputs += [p for p in line[len("output: ") :].split(", ") if p.startswith(prefix)]
+    return sorted(outputs)

@@ -3,16 +3,12 @@
 from __future__ import annotations
 
 import json
-import os
-import signal
 import socket
-import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
-from conftest import REPO, run_snakemake, write_config
+from conftest import run_and_kill, run_snakemake, scheduled_outputs, write_config
 
 from eagleflow.files import read_jsonl
 from eagleflow.serve import running_server
@@ -122,18 +118,9 @@ def test_killed_generation_redoes_only_the_interrupted_shard(
     shards = json.loads((tmp_path / "results/plan/plan.json").read_text())["shards"]
     assert len(shards) >= 3
     out = tmp_path / "results/responses"
-    cmd = [sys.executable, "-m", "snakemake", "--snakefile", str(REPO / "Snakefile"),
-           "--directory", str(tmp_path), "--cores", "2", "-j", "1"]  # fmt: skip
-    run = subprocess.Popen(cmd, cwd=tmp_path, start_new_session=True,
-                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
-    # Kill everything (snakemake and the engine) once the first shard is done and the second
-    # is being generated.
-    deadline = time.monotonic() + 600
-    while not (out / "shard-00000.jsonl").exists() and time.monotonic() < deadline:
-        time.sleep(0.5)
-    time.sleep(5)
-    os.killpg(run.pid, signal.SIGKILL)
-    run.wait()
+    targets = [f"results/responses/shard-{s['shard']}.jsonl" for s in shards]
+    # Killed once the first shard is done and the second is being generated.
+    run_and_kill(tmp_path, out / "shard-00000.jsonl", *targets)
     done = sorted(p.name for p in out.glob("shard-*.jsonl"))
     assert done and len(done) < len(shards), done
     for shard in shards:  # whatever is under a final name is complete
@@ -141,11 +128,12 @@ def test_killed_generation_redoes_only_the_interrupted_shard(
             assert len(read_jsonl(out / f"shard-{shard['shard']}.jsonl")) == shard["samples"]
     finished_mtimes = {name: (out / name).stat().st_mtime_ns for name in done}
 
-    run_snakemake(tmp_path, "--unlock")
-    dry = run_snakemake(tmp_path, "-n").stdout
-    rerun = sorted(line.split("shard-")[1][:5] for line in dry.splitlines()
-                   if "output: results/responses/shard-" in line)  # fmt: skip
-    assert rerun == [s["shard"] for s in shards if f"shard-{s['shard']}.jsonl" not in done]
-    run_snakemake(tmp_path)
+    rerun = scheduled_outputs(run_snakemake(tmp_path, "-n", *targets).stdout, "results/responses/")
+    assert rerun == [
+        f"results/responses/shard-{s['shard']}.jsonl"
+        for s in shards
+        if f"shard-{s['shard']}.jsonl" not in done
+    ]
+    run_snakemake(tmp_path, *targets)
     assert {n: (out / n).stat().st_mtime_ns for n in done} == finished_mtimes
     assert len(list(out.glob("shard-*.jsonl"))) == len(shards)
