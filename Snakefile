@@ -18,3 +18,14 @@ rule all:
     default_target: True
     input:
         all_hidden,
+
+
+# Stop after a stage: `snakemake --cores all responses`.
+rule responses:
+    input:
+        all_responses,
+
+
+rule hidden:
+    input:
+        all_hidden,

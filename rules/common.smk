@@ -56,3 +56,7 @@ def aux_layer_ids(wildcards, input):
     """Resolved aux layer ids, so the params (and reruns) follow the ids actually captured."""
     num_layers = target_num_layers(input.model)
     return resolve_aux_layer_ids(config["extract"]["aux_layer_ids"], num_layers)
+
+
+def all_responses(wildcards=None):
+    return expand("results/responses/shard-{shard}.jsonl", shard=planned_shards())

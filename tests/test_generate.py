@@ -58,7 +58,7 @@ def test_server_backend_matches_in_process(demo_run: Path, tmp_path: Path) -> No
                 "generation": {"backend": "server", "server_url": url},
             },
         )
-        run_snakemake(tmp_path)
+        run_snakemake(tmp_path, "responses")
     served, in_process = responses(tmp_path), responses(demo_run)
     assert served.keys() == in_process.keys()
     identical = sum(
@@ -79,7 +79,7 @@ def test_unreachable_server_is_one_clear_error(demo_run: Path, tmp_path: Path) -
             "generation": {"backend": "server", "server_url": url},
         },
     )
-    result = run_snakemake(tmp_path, check=False)
+    result = run_snakemake(tmp_path, "responses", check=False)
     assert result.returncode != 0
     log = (tmp_path / "results/logs/generate/shard-00000.log").read_text()
     assert f"generation server {url} is unreachable" in log

@@ -175,8 +175,9 @@ def _train(
     learning_rate: float,
 ) -> list[float]:
     rng = random.Random(f"demo-batches-{seed}")
+    # fused: one kernel for all parameters instead of a dozen small ops per tensor.
     optimizer = torch.optim.AdamW(
-        model.parameters(), lr=learning_rate, weight_decay=0.01, betas=(0.9, 0.95)
+        model.parameters(), lr=learning_rate, weight_decay=0.01, betas=(0.9, 0.95), fused=True
     )
     warmup = max(1, train_steps // 20)
     batches: list[list[int]] = []
@@ -191,7 +192,9 @@ def _train(
         input_ids, attention_mask, labels = _collate(encoded, batches.pop(), pad_id)
         for group in optimizer.param_groups:
             group["lr"] = _learning_rate(step, train_steps, learning_rate, warmup)
-        loss = model(input_ids=input_ids, attention_mask=attention_mask, labels=labels).loss
+        # bf16 matmuls (AMX / AVX512-BF16) roughly double CPU throughput; weights stay fp32.
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            loss = model(input_ids=input_ids, attention_mask=attention_mask, labels=labels).loss
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()
@@ -252,7 +255,8 @@ def build_demo_target(
             max_position_embeddings=tokenizer.model_max_length,
         )
         torch.manual_seed(seed)
-        model = LlamaForCausalLM(config)
+        # Eager attention trains faster than SDPA under bf16 autocast on CPU at this size.
+        model = LlamaForCausalLM._from_config(config, attn_implementation="eager")
         losses = _train(
             model,
             encoded,
