@@ -1,0 +1,149 @@
+"""Extraction inside the workflow: verify, one-command repair, crash safety, params reruns."""
+
+from __future__ import annotations
+
+import json
+import shlex
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import REPO, run_and_kill, run_snakemake, scheduled_outputs, write_config
+
+from eagleflow.shards import open_shard, store_checksums
+
+
+def hidden_stores(workdir: Path) -> dict[str, Path]:
+    plan = json.loads((workdir / "results/plan/plan.json").read_text())
+    return {s["shard"]: workdir / f"results/hidden/shard-{s['shard']}.zarr" for s in plan["shards"]}
+
+
+def verify(workdir: Path) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "eagleflow.verify", "--results", "results"],
+        cwd=workdir,
+        capture_output=True,
+        text=True,
+    )
+
+
+@pytest.fixture
+def demo_copy(demo_run: Path, tmp_path: Path) -> Path:
+    """A private copy of the finished demo run (mtimes and Snakemake metadata kept)."""
+    copy = tmp_path / "run"
+    shutil.copytree(demo_run, copy, symlinks=True)
+    return copy
+
+
+def test_demo_shards_verify_clean_with_the_documented_attributes(demo_run: Path) -> None:
+    result = verify(demo_run)
+    assert result.returncode == 0, result.stdout
+    stores = hidden_stores(demo_run)
+    assert f"all {len(stores)} shards clean" in result.stdout
+    attrs = open_shard(stores["00000"]).attrs
+    assert attrs["aux_layer_ids"] == [2, 4, 5] and attrs["last_layer_id"] == 8
+    assert attrs["logical_dtype"] == "bfloat16" and attrs["backend"] == "vllm"
+    for key in ("target_fingerprint", "tokenizer_fingerprint", "backend_version"):
+        assert attrs[key], key
+
+
+def test_corrupt_chunk_is_named_and_repaired_bit_identically(demo_copy: Path) -> None:
+    stores = hidden_stores(demo_copy)
+    victim = stores["00001"]
+    original = store_checksums(victim)
+    others = {s: store_checksums(p) for s, p in stores.items() if s != "00001"}
+    chunk = sorted(p for p in (victim / "aux").rglob("*") if p.is_file() and p.name != "zarr.json")[
+        0
+    ]
+    data = bytearray(chunk.read_bytes())
+    data[len(data) // 3 : len(data) // 3 + 4] = b"\xde\xad\xbe\xef"
+    chunk.write_bytes(bytes(data))
+
+    result = verify(demo_copy)
+    assert result.returncode == 1
+    assert "results/hidden/shard-00001.zarr: aux" in result.stdout
+    assert "checksum" in result.stdout
+    assert "shard-00000.zarr" not in result.stdout.split("need regenerating")[0]
+    command = shlex.split(result.stdout.strip().splitlines()[-1])
+    assert command == [
+        "snakemake", "--cores", "all", "--forcerun", "results/hidden/shard-00001.zarr"
+    ]  # fmt: skip
+    dry = run_snakemake(demo_copy, *command[1:], "-n").stdout
+    assert scheduled_outputs(dry, "results/") == ["results/hidden/shard-00001.zarr"]
+    run_snakemake(demo_copy, *command[1:])
+    assert store_checksums(victim) == original
+    assert {s: store_checksums(p) for s, p in stores.items() if s != "00001"} == others
+    assert verify(demo_copy).returncode == 0
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="process groups and SIGKILL")
+def test_killed_extraction_redoes_only_the_interrupted_shard(
+    demo_run: Path, demo_copy: Path
+) -> None:
+    reference = {s: store_checksums(p) for s, p in hidden_stores(demo_run).items()}
+    stores = hidden_stores(demo_copy)
+    for store in stores.values():
+        shutil.rmtree(store)
+    run_and_kill(demo_copy, stores["00000"] / "zarr.json", "hidden")
+    done = {s for s, p in stores.items() if p.exists()}
+    assert done and len(done) < len(stores)
+    # No partial store under a final name: whatever exists is complete and clean.
+    for shard in done:
+        assert store_checksums(stores[shard]) == reference[shard]
+    dry = run_snakemake(demo_copy, "hidden", "-n").stdout
+    assert scheduled_outputs(dry, "results/hidden/") == [
+        f"results/hidden/shard-{s}.zarr" for s in sorted(set(stores) - done)
+    ]
+    run_snakemake(demo_copy, "hidden")
+    assert {s: store_checksums(p) for s, p in stores.items()} == reference
+    assert not list((demo_copy / "results/hidden").glob(".tmp-*"))
+
+
+def test_changed_layer_ids_rerun_every_extract_job_only(demo_run: Path) -> None:
+    config = demo_run / "config.yaml"
+    original = config.read_text()
+    try:
+        write_config(demo_run, {"extract": {"aux_layer_ids": [1, 4, 6]}})
+        dry = run_snakemake(demo_run, "-n", "-r").stdout
+        write_config(demo_run, {"extract": {"aux_layer_ids": [2, 4, 8]}})
+        bad = run_snakemake(demo_run, "-n", check=False)
+    finally:
+        config.write_text(original)
+    stores = hidden_stores(demo_run)
+    assert scheduled_outputs(dry, "results/") == sorted(
+        f"results/hidden/shard-{s}.zarr" for s in stores
+    )
+    assert "Params have changed since last execution" in dry
+    assert bad.returncode != 0
+    assert "extract.aux_layer_ids: layer id 8 appears more than once" in bad.stdout + bad.stderr
+
+
+def test_extraction_refuses_to_start_without_disk(demo_copy: Path) -> None:
+    stores = hidden_stores(demo_copy)
+    shutil.rmtree(stores["00000"])
+    env_free = "EAGLEFLOW_FREE_BYTES=1000000"
+    result = subprocess.run(
+        f"{env_free} {shlex.quote(sys.executable)} -m snakemake --snakefile "
+        f"{shlex.quote(str(REPO / 'Snakefile'))} --cores 2 hidden",
+        shell=True,
+        cwd=demo_copy,
+        capture_output=True,
+        text=True,
+    )
+    assert result.returncode != 0
+    log = (demo_copy / "results/logs/extract/shard-00000.log").read_text()
+    assert "not enough disk for extraction" in log and "short by" in log
+    assert not stores["00000"].exists()
+
+
+def test_changed_generation_key_reschedules_extraction_downstream(demo_run: Path) -> None:
+    config = demo_run / "config.yaml"
+    original = config.read_text()
+    try:
+        write_config(demo_run, {"generation": {"max_new_tokens": 200}})
+        dry = run_snakemake(demo_run, "-n").stdout
+    finally:
+        config.write_text(original)
+    assert len(scheduled_outputs(dry, "results/hidden/")) == len(hidden_stores(demo_run))
