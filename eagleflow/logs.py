@@ -20,7 +20,10 @@ def setup_job_logging(log_path: str | Path | None, name: str = "eagleflow") -> l
     handlers: list[logging.Handler] = [logging.StreamHandler(sys.stderr)]
     if log_path:
         Path(log_path).parent.mkdir(parents=True, exist_ok=True)
-        handlers.append(logging.FileHandler(log_path, mode="w"))
+        Path(log_path).write_text("")
+        # Append mode: vLLM's logging setup closes every existing handler, and a closed
+        # FileHandler reopens on the next record only when it is not in "w" mode.
+        handlers.append(logging.FileHandler(log_path, mode="a"))
     logging.basicConfig(
         level=logging.INFO,
         format="%(asctime)s %(name)s %(levelname)s %(message)s",

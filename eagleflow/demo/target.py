@@ -48,10 +48,12 @@ def _render(tokenizer: PreTrainedTokenizerFast, messages: list[dict], prompt: bo
 def train_tokenizer(conversations: list[list[dict]], vocab_size: int) -> PreTrainedTokenizerFast:
     """A byte-level BPE tokenizer (digits split one per token) with the chat special tokens."""
     bpe = Tokenizer(models.BPE())
-    # One digit per token (a leading space may join it) keeps digit-by-digit traces learnable.
+    # Numbers split into chunks of at most two digits (a leading space may join the first): a
+    # chunk of 1-99 is one token, so copying a number from the prompt is a short, unambiguous
+    # token copy, and single digits in the column-by-column traces stay single tokens.
     bpe.pre_tokenizer = pre_tokenizers.Sequence(
         [
-            pre_tokenizers.Split(Regex(r" ?\d"), behavior="isolated"),
+            pre_tokenizers.Split(Regex(r" ?\d{1,2}"), behavior="isolated"),
             pre_tokenizers.ByteLevel(add_prefix_space=False),
         ]
     )
@@ -224,7 +226,7 @@ def build_demo_target(
     hidden_size: int = 256,
     head_dim: int = 64,
     num_kv_heads: int = 2,
-    tokenizer_vocab_size: int = 1024,
+    tokenizer_vocab_size: int = 1536,
     num_conversations: int = 20000,
     train_steps: int = 600,
     batch_size: int = 16,
