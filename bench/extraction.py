@@ -1,0 +1,279 @@
+"""Hidden-state extraction side by side on the same samples, in one run.
+
+Measures, each job in a subprocess of its own:
+  (a) bare vLLM prefill: the extraction engine's settings without the extraction, max_tokens=1;
+  (b) our vLLM extraction into a compressed zarr shard (`extract_shard`), at 1x and 4x the
+      shard size (the 4x shard repeats the samples under new ids);
+  (c) a naive HF loop: one sample at a time, `output_hidden_states=True`, `torch.save` per sample.
+Prints tokens/s, the ratios b/a (goal >= 0.90) and b/c (goal >= 3.5), stored activation bytes
+per token against raw bf16 (goal <= 0.77) and the peak memory of an extraction job at 1x and
+4x (goal: flat), as a markdown table.
+
+Samples are prompt + response token ids: from `--samples` (a responses JSONL with
+prompt_token_ids/response_token_ids, or a prepared tokens JSONL with input_ids/loss_mask), else
+from `--prompts` rendered with the target's chat template and answered greedily by vLLM.
+
+    .venv/bin/python bench/extraction.py --model results/demo/target \
+        --prompts results/prompts/prompts.jsonl --n 300
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import psutil
+
+from eagleflow.files import read_jsonl, write_jsonl
+
+JOBS = ("generate", "prefill", "extract", "naive")
+
+
+def samples_from_records(records: list[dict]) -> list[dict]:
+    """Tokens-stage samples from responses records (or tokens records, passed through)."""
+    samples = []
+    for record in records:
+        if "input_ids" in record:
+            samples.append({k: record[k] for k in ("id", "input_ids", "loss_mask")})
+            continue
+        prompt, response = record["prompt_token_ids"], record["response_token_ids"]
+        samples.append(
+            {
+                "id": record["id"],
+                "input_ids": prompt + response,
+                "loss_mask": [0] * len(prompt) + [1] * len(response),
+            }
+        )
+    return samples
+
+
+def job_generate(args: argparse.Namespace) -> dict:
+    """Answer the prompts greedily and write responses-like records to `--out`."""
+    from transformers import AutoTokenizer
+
+    from eagleflow.chat import render_prompt_ids
+    from eagleflow.generate import Sampling, generate_vllm
+
+    tokenizer = AutoTokenizer.from_pretrained(args.model)
+    prompts = read_jsonl(args.prompts)[: args.n]
+    prompt_ids = [render_prompt_ids(tokenizer, p["messages"]) for p in prompts]
+    greedy = Sampling(temperature=0.0, top_p=1.0, max_new_tokens=args.max_new_tokens, seed=0)
+    completions = generate_vllm(args.model, prompt_ids, [0] * len(prompt_ids), greedy, 1024)
+    records = [
+        {"id": f"p{i:05d}", "prompt_token_ids": ids, "response_token_ids": c.token_ids}
+        for i, (ids, c) in enumerate(zip(prompt_ids, completions, strict=True))
+    ]
+    write_jsonl(args.out, records)
+    return {"samples": len(records)}
+
+
+def job_prefill(args: argparse.Namespace) -> dict:
+    """Bare prefill with the extraction engine's settings, no extraction: tok/s by token file
+    (`--tokens`, comma-separated), all through one engine."""
+    from vllm import SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    from eagleflow.engine import build_llm
+
+    runs = {path: read_jsonl(path) for path in args.tokens.split(",")}
+    longest = max(len(s["input_ids"]) for samples in runs.values() for s in samples)
+    llm = build_llm(
+        args.model,
+        max_model_len=longest + 1,
+        dtype="bfloat16",
+        enable_chunked_prefill=False,
+        enable_prefix_caching=False,
+    )
+    params = SamplingParams(max_tokens=1, detokenize=False)
+    figures = {}
+    for path, samples in runs.items():
+        prompts = [TokensPrompt(prompt_token_ids=s["input_ids"]) for s in samples]
+        start = time.monotonic()
+        llm.generate(prompts, params, use_tqdm=False)
+        seconds = time.monotonic() - start
+        tokens = sum(len(s["input_ids"]) for s in samples)
+        figures[path] = {"tokens": tokens, "seconds": seconds, "tokens_per_s": tokens / seconds}
+    return figures
+
+
+def job_extract(args: argparse.Namespace) -> dict:
+    """`extract_shard` into `--out`."""
+    from eagleflow.extract import extract_shard
+
+    return extract_shard(args.tokens, args.model, args.out, backend=args.backend)
+
+
+def job_naive(args: argparse.Namespace) -> dict:
+    """One sample at a time through the full causal LM, `output_hidden_states=True`, and a
+    `torch.save` per sample of the aux layers and the last entry."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from eagleflow.extract import default_layer_ids
+
+    samples = read_jsonl(args.tokens)
+    model = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.bfloat16).eval()
+    aux_ids, _ = default_layer_ids(model.config.num_hidden_layers)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    start = time.monotonic()
+    with torch.inference_mode():
+        for sample in samples:
+            ids = torch.tensor([sample["input_ids"]])
+            states = model(input_ids=ids, output_hidden_states=True).hidden_states
+            aux = torch.stack([states[k][0] for k in aux_ids], dim=1)
+            torch.save({"aux": aux, "last": states[-1][0]}, out / f"{sample['id']}.pt")
+    seconds = time.monotonic() - start
+    tokens = sum(len(s["input_ids"]) for s in samples)
+    stored = sum(p.stat().st_size for p in out.iterdir())
+    return {"tokens": tokens, "seconds": seconds, "tokens_per_s": tokens / seconds,
+            "stored_bytes": stored}  # fmt: skip
+
+
+def run_job(job: str, args: argparse.Namespace, work: Path, **options: str) -> dict:
+    """Run one job in a subprocess; its result plus `peak_rss` (the sum over its process tree,
+    sampled every 0.1 s) and `max_process_rss` (its largest single process, from wait4)."""
+    result = work / f"{job}-{len(list(work.glob(job + '-*.json')))}.json"
+    argv = [sys.executable, __file__, "--job", job, "--model", args.model, "--result", str(result)]
+    for key, value in options.items():
+        argv += [f"--{key.replace('_', '-')}", str(value)]
+    log = work / f"{result.stem}.log"
+    with log.open("w") as out:
+        proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT)
+        root, peak = psutil.Process(proc.pid), 0
+        while True:
+            # wait4 rather than Popen.wait: its rusage holds the job's largest process (the
+            # vLLM engine processes included, once the job has reaped them).
+            pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
+            if pid:
+                break
+            try:
+                tree = [root, *root.children(recursive=True)]
+                peak = max(peak, sum(p.memory_info().rss for p in tree))
+            except psutil.Error:  # a process ended while being sampled
+                pass
+            time.sleep(0.1)
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    if proc.returncode != 0:
+        tail = log.read_text()[-3000:]
+        raise SystemExit(f"job {job} failed ({proc.returncode}); log {log}:\n{tail}")
+    figures = json.loads(result.read_text())
+    figures["peak_rss"] = peak
+    figures["max_process_rss"] = usage.ru_maxrss * 1024
+    return figures
+
+
+def build_samples(args: argparse.Namespace, work: Path) -> list[dict]:
+    if args.samples:
+        return samples_from_records(read_jsonl(args.samples)[: args.n])
+    responses = work / "responses.jsonl"
+    run_job("generate", args, work, prompts=args.prompts, n=args.n,
+            max_new_tokens=args.max_new_tokens, out=responses)  # fmt: skip
+    return samples_from_records(read_jsonl(responses))
+
+
+def table(rows: list[tuple[str, str, str]]) -> str:
+    lines = ["| measure | value | goal |", "|---|---|---|"]
+    lines += [f"| {name} | {value} | {goal} |" for name, value, goal in rows]
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--model", default="results/demo/target")
+    parser.add_argument("--prompts", default="results/prompts/prompts.jsonl")
+    parser.add_argument("--samples", help="responses or tokens JSONL (instead of --prompts)")
+    parser.add_argument("--n", type=int, default=300)
+    parser.add_argument("--max-new-tokens", type=int, default=256)
+    parser.add_argument("--workdir", type=Path, help="keep the shards and logs here")
+    parser.add_argument("--json", type=Path, help="also write the figures here")
+    # Internal: run one job (in a subprocess of the bench).
+    parser.add_argument("--job", choices=JOBS, help=argparse.SUPPRESS)
+    parser.add_argument("--result", type=Path, help=argparse.SUPPRESS)
+    parser.add_argument("--tokens", help=argparse.SUPPRESS)
+    parser.add_argument("--out", help=argparse.SUPPRESS)
+    parser.add_argument("--backend", default="vllm", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    os.environ["HF_HUB_OFFLINE"] = "1"
+
+    if args.job:
+        job = {"generate": job_generate, "prefill": job_prefill, "extract": job_extract,
+               "naive": job_naive}[args.job]  # fmt: skip
+        args.result.write_text(json.dumps(job(args)) + "\n")
+        return
+
+    work = args.workdir or Path(tempfile.mkdtemp(prefix="bench-extraction-"))
+    work.mkdir(parents=True, exist_ok=True)
+    samples = build_samples(args, work)
+    tokens_1x, tokens_4x = work / "tokens-1x.jsonl", work / "tokens-4x.jsonl"
+    write_jsonl(tokens_1x, samples)
+    write_jsonl(tokens_4x, [{**s, "id": f"{s['id']}/{k}"} for k in range(4) for s in samples])
+    n_tokens = sum(len(s["input_ids"]) for s in samples)
+    print(f"{len(samples)} samples, {n_tokens} tokens ({n_tokens / len(samples):.0f} per sample)")
+
+    prefill = run_job("prefill", args, work, tokens=f"{tokens_1x},{tokens_4x}")
+    prefill_1x, prefill_4x = prefill[str(tokens_1x)], prefill[str(tokens_4x)]
+    extract_1x = run_job("extract", args, work, tokens=tokens_1x, out=work / "shard-1x.zarr")
+    extract_4x = run_job("extract", args, work, tokens=tokens_4x, out=work / "shard-4x.zarr")
+    naive = run_job("naive", args, work, tokens=tokens_1x, out=work / "naive")
+
+    raw_per_token = extract_1x["activation_raw_bytes"] / extract_1x["tokens"]
+    stored_per_token = extract_1x["activation_stored_bytes"] / extract_1x["tokens"]
+    figures = {
+        "samples": len(samples),
+        "tokens": n_tokens,
+        "prefill_tok_s": prefill_1x["tokens_per_s"],
+        "prefill_4x_tok_s": prefill_4x["tokens_per_s"],
+        "extract_tok_s": extract_1x["tokens_per_s"],
+        "extract_4x_tok_s": extract_4x["tokens_per_s"],
+        "naive_tok_s": naive["tokens_per_s"],
+        "extract_over_prefill": extract_1x["tokens_per_s"] / prefill_1x["tokens_per_s"],
+        "extract_over_prefill_4x": extract_4x["tokens_per_s"] / prefill_4x["tokens_per_s"],
+        "extract_over_naive": extract_1x["tokens_per_s"] / naive["tokens_per_s"],
+        "raw_bytes_per_token": raw_per_token,
+        "stored_bytes_per_token": stored_per_token,
+        "stored_over_raw": stored_per_token / raw_per_token,
+        "naive_bytes_per_token": naive["stored_bytes"] / naive["tokens"],
+        "peak_rss_1x": extract_1x["peak_rss"],
+        "peak_rss_4x": extract_4x["peak_rss"],
+        "max_process_rss_1x": extract_1x["max_process_rss"],
+        "max_process_rss_4x": extract_4x["max_process_rss"],
+        "extract_1x": extract_1x,
+        "extract_4x": extract_4x,
+    }
+    mib = 2**20
+    rows = [
+        ("(a) bare vLLM prefill, tok/s", f"{prefill_1x['tokens_per_s']:.0f}", ""),
+        ("(b) vLLM extraction to zarr, tok/s", f"{extract_1x['tokens_per_s']:.0f}", ""),
+        ("(c) naive HF loop + torch.save, tok/s", f"{naive['tokens_per_s']:.0f}", ""),
+        ("b / a", f"{figures['extract_over_prefill']:.2f}", ">= 0.90"),
+        ("b / c", f"{figures['extract_over_naive']:.2f}", ">= 3.5"),
+        ("activation bytes/token: stored / raw bf16",
+         f"{stored_per_token:.0f} / {raw_per_token:.0f} = {figures['stored_over_raw']:.3f}",
+         "<= 0.77"),
+        ("naive torch.save bytes/token", f"{figures['naive_bytes_per_token']:.0f}", ""),
+        ("peak RSS of an extraction job (process tree), 1x shard",
+         f"{extract_1x['peak_rss'] / mib:.0f} MiB ({extract_1x['tokens']} tokens)", "flat"),
+        ("peak RSS of an extraction job (process tree), 4x shard",
+         f"{extract_4x['peak_rss'] / mib:.0f} MiB ({extract_4x['tokens']} tokens)", "flat"),
+        ("at 4x: (a) / (b) tok/s, b / a",
+         f"{prefill_4x['tokens_per_s']:.0f} / {extract_4x['tokens_per_s']:.0f}, "
+         f"{figures['extract_over_prefill_4x']:.2f}", ">= 0.90"),
+        ("largest process of the extraction job, 1x / 4x",
+         f"{extract_1x['max_process_rss'] / mib:.0f} / {extract_4x['max_process_rss'] / mib:.0f}"
+         " MiB", "flat"),
+    ]  # fmt: skip
+    print(table(rows))
+    print(f"\nshards, logs: {work}")
+    if args.json:
+        args.json.write_text(json.dumps(figures, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,76 @@
+"""The KV connector that hands hidden states from vLLM's `extract_hidden_states` method to us.
+
+vLLM's `ExampleHiddenStatesConnector` copies each finished request's hidden states out of the
+cache-only KV cache and writes them, with the prompt's token ids, to one safetensors file per
+request under `shared_storage_path`; a `.lock` file next to it is held until the write is done,
+so a reader can wait for it (`load_hidden_states`). Its copy path needs CUDA (pinned memory, a
+copy stream, events), so on CPU it fails in `_submit_async_write`. This subclass copies and
+writes directly when the cache is on the CPU and keeps the stock asynchronous path on CUDA.
+
+Load it with `kv_transfer_config={"kv_connector": "EagleflowHiddenStatesConnector",
+"kv_connector_module_path": "eagleflow.connector", "kv_role": "kv_producer",
+"kv_connector_extra_config": {"shared_storage_path": DIR}}`.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+
+import numpy as np
+import torch
+from safetensors.torch import save_file
+from vllm.distributed.kv_transfer.kv_connector.v1.example_hidden_states_connector import (
+    ExampleHiddenStatesConnector,
+    PendingSave,
+)
+
+# Integer dtypes of the same width as the cache's float dtype, to view it in numpy bit-exactly.
+_BITS = {2: torch.int16, 4: torch.int32}
+
+
+class _Written:
+    """Stands in for the CUDA event `get_finished` polls: on the CPU the copy and the write are
+    complete before the request is reported."""
+
+    def query(self) -> bool:
+        return True
+
+
+_WRITTEN = _Written()
+
+
+class EagleflowHiddenStatesConnector(ExampleHiddenStatesConnector):
+    """`ExampleHiddenStatesConnector` that also works when the KV cache lives on the CPU."""
+
+    def _submit_async_write(self, pending: PendingSave) -> None:
+        if not self._is_tp_rank_zero or self._kv_cache is None or self._kv_cache.is_cuda:
+            super()._submit_async_write(pending)
+            return
+        # The copy and the write run on the engine's thread, between steps, and the gather is
+        # done in numpy: writer threads or an OpenMP-parallel gather would compete with the
+        # model's OpenMP threads for the same cores and stall them at every barrier.
+        num_tokens = len(pending.token_ids)
+        block_size = self._block_size
+        slots = np.add.outer(np.asarray(pending.block_ids) * block_size, np.arange(block_size))
+        slots = slots.reshape(-1)[:num_tokens]
+        cache = self._kv_cache.view(_BITS[self._kv_cache.element_size()]).numpy()
+        # [blocks, layers, block_size, hidden] → [tokens, layers, hidden], copied out of the
+        # cache, whose blocks are reused once the request is reported.
+        hidden = np.ascontiguousarray(cache[slots // block_size, :, slots % block_size])
+        tensors = {
+            "hidden_states": torch.from_numpy(hidden).view(self._kv_cache.dtype),
+            "token_ids": pending.token_ids,
+        }
+        os.makedirs(os.path.dirname(pending.filename), exist_ok=True)
+        # wait_for_save took the lock when the request was scheduled; take it here otherwise.
+        lock_fd = self._lock_fds.pop(pending.req_id, None)
+        if lock_fd is None and self.use_lock:
+            lock_fd = os.open(pending.filename + ".lock", os.O_CREAT | os.O_WRONLY, 0o644)
+            fcntl.flock(lock_fd, fcntl.LOCK_EX)
+        try:
+            save_file(tensors, pending.filename)
+        finally:
+            if lock_fd is not None:
+                os.close(lock_fd)  # releases the lock: readers may load the file
+        self._req_copy_events[pending.req_id] = _WRITTEN

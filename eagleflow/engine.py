@@ -1,0 +1,36 @@
+"""The one place that constructs vLLM engines (generation, extraction, serving evaluation)."""
+
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import vllm
+
+# On CPU, gpu_memory_utilization is the fraction of RAM reserved for the KV cache.
+CPU_MEMORY_FRACTION = 0.1
+GPU_MEMORY_FRACTION = 0.9
+
+
+def build_llm(
+    model_dir: str | Path, *, seed: int = 0, max_model_len: int = 1024, **engine_kwargs: Any
+) -> "vllm.LLM":
+    """A `vllm.LLM` for `model_dir`, with settings that suit the platform (CPU or GPU).
+
+    `engine_kwargs` go to `vllm.LLM` and override the defaults set here. vLLM spawns worker
+    processes, so a script that calls this needs an `if __name__ == "__main__":` guard.
+    """
+    # Tokenizer and config look-ups must never try to reach a model hub.
+    os.environ["HF_HUB_OFFLINE"] = "1"
+    import vllm
+    from vllm.platforms import current_platform
+
+    memory_fraction = CPU_MEMORY_FRACTION if current_platform.is_cpu() else GPU_MEMORY_FRACTION
+    settings: dict[str, Any] = {
+        "model": str(model_dir),
+        "seed": seed,
+        "max_model_len": max_model_len,
+        "gpu_memory_utilization": memory_fraction,
+    }
+    settings.update(engine_kwargs)
+    return vllm.LLM(**settings)

@@ -1,0 +1,558 @@
+"""Hidden-state extraction: one prefill pass of the target over each sample, into one shard.
+
+Two backends write the same shard format (`eagleflow.shards`):
+
+- `vllm`: vLLM's `extract_hidden_states` speculative method captures the chosen layers during
+  an ordinary prefill (`max_tokens=1`), and our KV connector (`eagleflow.connector`) writes each
+  request's states to a file in a RAM-backed scratch directory; we append them to the shard in
+  sample order and delete each file at once. Requests are fed as a stream that keeps at most
+  `max_pending_bytes` of states in flight, so scratch space and memory stay bounded whatever
+  the shard size, and the engine keeps computing while we compress.
+- `hf`: transformers, with forward hooks on the chosen decoder layers of the base model (the
+  `lm_head` is never computed), in length-sorted padded batches.
+
+Layer ids: id k is the residual stream after k decoder layers, i.e. HF `output_hidden_states[k]`
+for k < N; id N is the last decoder layer's output *before* the final norm (HF's last
+`hidden_states` entry is after it). A shard holds the aux ids and, as `last`, id N.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import tempfile
+import time
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from tqdm import tqdm
+
+from eagleflow.files import read_jsonl
+from eagleflow.logs import InputError
+from eagleflow.shards import (
+    DEFAULT_CHUNK_BYTES,
+    DEFAULT_CODEC,
+    ShardWriter,
+    bf16_to_uint16,
+    open_shard,
+)
+
+BACKENDS = ("vllm", "hf")
+CONNECTOR = "EagleflowHiddenStatesConnector"
+# Files hashed for the tokenizer fingerprint, when present (the chat template lives in either
+# tokenizer_config.json or a file of its own).
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "chat_template.jinja",
+    "chat_template.json",
+)
+WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth")
+FINGERPRINT_BLOCKS = 16  # blocks of each weight file read for the fingerprint
+FINGERPRINT_BLOCK_BYTES = 4096
+
+
+def default_layer_ids(num_layers: int) -> tuple[list[int], int]:
+    """The usual EAGLE-3 aux ids (2, N//2, N-3) and the teacher's id N, for N decoder layers."""
+    return [2, num_layers // 2, num_layers - 3], num_layers
+
+
+def check_layer_ids(ids: Sequence[int], num_layers: int) -> None:
+    """Raise InputError naming the first bad id: ids must be distinct integers in [1, N].
+
+    vLLM silently drops duplicate ids (and then fails far away), so they are refused here.
+    """
+    seen: set[int] = set()
+    for layer_id in ids:
+        if isinstance(layer_id, bool) or not isinstance(layer_id, int | np.integer):
+            raise InputError(f"layer id {layer_id!r} is not an integer (ids: {list(ids)})")
+        if not 1 <= layer_id <= num_layers:
+            raise InputError(
+                f"layer id {layer_id} is out of range: ids must lie in [1, {num_layers}] for a "
+                f"target with {num_layers} decoder layers (ids: {list(ids)})"
+            )
+        if layer_id in seen:
+            raise InputError(f"layer id {layer_id} appears more than once (ids: {list(ids)})")
+        seen.add(int(layer_id))
+
+
+def _captured_ids(writer: ShardWriter, num_layers: int) -> list[int]:
+    """The writer's aux ids plus its last id, validated for a target with `num_layers` layers."""
+    if writer.last_layer_id != num_layers:
+        raise InputError(
+            f"last layer id {writer.last_layer_id} must be the target's last layer, "
+            f"{num_layers} (the teacher needs the pre-norm output of the last layer)"
+        )
+    ids = [*writer.aux_layer_ids, writer.last_layer_id]
+    check_layer_ids(ids, num_layers)
+    return ids
+
+
+def _num_layers(model_dir: str | Path) -> tuple[int, int]:
+    """(decoder layers, hidden size) from the target's config."""
+    from transformers import AutoConfig
+
+    config = AutoConfig.from_pretrained(model_dir).get_text_config()
+    return int(config.num_hidden_layers), int(config.hidden_size)
+
+
+def _hash_files(digest: Any, paths: Sequence[Path], root: Path) -> None:
+    for path in paths:
+        digest.update(path.relative_to(root).as_posix().encode() + b"\0")
+        digest.update(path.read_bytes())
+
+
+def target_fingerprint(model_dir: str | Path) -> str:
+    """A cheap fingerprint of the target's weights: never reads more than a few KiB per file.
+
+    Hashes config.json, any weight index, and for each weight file its name, size, safetensors
+    header (names, dtypes, shapes, offsets) and a few evenly spaced blocks of its contents, so
+    that retraining the same architecture changes it too.
+    """
+    root = Path(model_dir)
+    digest = hashlib.sha256()
+    _hash_files(digest, [root / "config.json", *sorted(root.glob("*.index.json"))], root)
+    for path in sorted(p for p in root.iterdir() if p.name.endswith(WEIGHT_SUFFIXES)):
+        size = path.stat().st_size
+        digest.update(f"{path.name}\0{size}\0".encode())
+        with path.open("rb") as stream:
+            if path.suffix == ".safetensors":
+                header_len = int.from_bytes(stream.read(8), "little")
+                digest.update(stream.read(header_len))
+            for k in range(FINGERPRINT_BLOCKS):
+                stream.seek(k * max(0, size - FINGERPRINT_BLOCK_BYTES) // (FINGERPRINT_BLOCKS - 1))
+                digest.update(stream.read(FINGERPRINT_BLOCK_BYTES))
+    return f"sha256:{digest.hexdigest()}"
+
+
+def tokenizer_fingerprint(model_dir: str | Path) -> str | None:
+    """sha256 of the tokenizer and chat-template files present; None when there are none."""
+    root = Path(model_dir)
+    paths = [root / name for name in TOKENIZER_FILES if (root / name).is_file()]
+    if not paths:
+        return None
+    digest = hashlib.sha256()
+    _hash_files(digest, paths, root)
+    return f"sha256:{digest.hexdigest()}"
+
+
+def load_samples(tokens: str | Path | Sequence[dict]) -> list[dict]:
+    """Samples `{"id", "input_ids", "loss_mask"}` from a JSONL path or a list, ids as arrays.
+
+    Token ids are kept as int32 arrays: a shard's worth of Python int lists would cost ~10×
+    the memory. Raises InputError naming the sample for a missing key or mismatched lengths.
+    """
+    records = read_jsonl(tokens) if isinstance(tokens, str | Path) else tokens
+    samples = []
+    for n, record in enumerate(records):
+        missing = [key for key in ("id", "input_ids", "loss_mask") if key not in record]
+        if missing:
+            raise InputError(f"sample {n} ({record.get('id', '?')}): missing keys {missing}")
+        ids = np.asarray(record["input_ids"], dtype=np.int32)
+        mask = np.asarray(record["loss_mask"], dtype=bool)
+        if ids.ndim != 1 or len(ids) == 0 or mask.shape != ids.shape:
+            raise InputError(
+                f"sample {record['id']}: input_ids ({ids.shape}) and loss_mask ({mask.shape}) "
+                "must be non-empty and of equal length"
+            )
+        samples.append({"id": str(record["id"]), "input_ids": ids, "loss_mask": mask})
+    return samples
+
+
+@contextlib.contextmanager
+def _progress(total: int, desc: str) -> Iterator[Callable[[int, int], None]]:
+    """A tqdm bar over samples (with ETA) that also shows tokens/s; yields
+    `advance(samples, tokens)`."""
+    done_tokens = 0
+    with tqdm(total=total, desc=desc, unit="sample", dynamic_ncols=True) as bar:
+
+        def advance(samples: int, tokens: int) -> None:
+            nonlocal done_tokens
+            done_tokens += tokens
+            rate = done_tokens / max(bar.format_dict["elapsed"], 1e-9)
+            bar.set_postfix(tok_s=f"{rate:.0f}", refresh=False)
+            bar.update(samples)
+
+        yield advance
+
+
+def _scratch_root() -> str | None:
+    """A RAM-backed directory for the connector's per-request files, when the machine has one."""
+    shm = Path("/dev/shm")
+    return str(shm) if shm.is_dir() and os.access(shm, os.W_OK) else None
+
+
+@contextlib.contextmanager
+def _extraction_engine(
+    model_dir: str | Path,
+    layer_ids: list[int],
+    *,
+    seed: int,
+    max_model_len: int,
+    engine_kwargs: dict[str, Any],
+) -> Iterator[Any]:
+    """A `vllm.LLM` that captures `layer_ids` through our connector into a scratch directory
+    (removed afterwards, with anything left in it); the engine is shut down on exit."""
+    from eagleflow.engine import build_llm
+
+    with tempfile.TemporaryDirectory(prefix="eagleflow-hidden-", dir=_scratch_root()) as scratch:
+        llm = build_llm(
+            model_dir,
+            seed=seed,
+            max_model_len=max_model_len,
+            dtype="bfloat16",
+            speculative_config={
+                "method": "extract_hidden_states",
+                "num_speculative_tokens": 1,
+                "draft_model_config": {
+                    "hf_config": {"eagle_aux_hidden_state_layer_ids": layer_ids}
+                },
+            },
+            kv_transfer_config={
+                "kv_connector": CONNECTOR,
+                "kv_connector_module_path": "eagleflow.connector",
+                "kv_role": "kv_producer",
+                "kv_connector_extra_config": {"shared_storage_path": scratch},
+            },
+            enable_chunked_prefill=False,
+            enable_prefix_caching=False,  # a cached prefix would not be captured again
+            **engine_kwargs,
+        )
+        try:
+            yield llm
+        finally:
+            llm.llm_engine.engine_core.shutdown()
+
+
+def _finished_in_order(
+    llm: Any, samples: Sequence[dict], max_pending_tokens: int
+) -> Iterator[tuple[int, str]]:
+    """Run every sample through `llm` as a prefill (`max_tokens=1`) and yield (sample index,
+    hidden-states file) in sample order.
+
+    Requests are added as earlier ones are consumed, so that at most `max_pending_tokens`
+    tokens are queued, running or waiting to be consumed (at least one sample at a time).
+    """
+    from vllm import SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    params = SamplingParams(max_tokens=1, detokenize=False)
+    requests: dict[str, int] = {}  # request id → sample index, while in flight
+    finished: dict[int, str] = {}  # sample index → file, until yielded
+    queued = done = pending = 0
+    while done < len(samples):
+        batch = []
+        while queued + len(batch) < len(samples):
+            length = len(samples[queued + len(batch)]["input_ids"])
+            if pending and pending + length > max_pending_tokens:
+                break
+            batch.append(queued + len(batch))
+            pending += length
+        if batch:
+            prompts = [
+                TokensPrompt(prompt_token_ids=samples[i]["input_ids"].tolist()) for i in batch
+            ]
+            # enqueue returns the engine's internal ids ("<id>-<random>"); outputs carry "<id>".
+            internal = llm.enqueue(prompts, params, use_tqdm=False)
+            requests.update(zip((r.rsplit("-", 1)[0] for r in internal), batch, strict=True))
+            queued += len(batch)
+        if done not in finished:
+            for out in llm.llm_engine.step():
+                if out.finished:
+                    finished[requests.pop(out.request_id)] = _hidden_states_path(out)
+        while done in finished:
+            yield done, finished.pop(done)
+            pending -= len(samples[done]["input_ids"])
+            done += 1
+
+
+def _hidden_states_path(out: Any) -> str:
+    params = out.kv_transfer_params or {}
+    if "hidden_states_path" not in params:
+        reason = out.outputs[0].finish_reason if out.outputs else None
+        raise RuntimeError(
+            f"request {out.request_id} finished ({reason}) without hidden states; "
+            "is the extraction connector loaded?"
+        )
+    return params["hidden_states_path"]
+
+
+def extract_vllm(
+    model_dir: str | Path,
+    samples: Sequence[dict],
+    writer: ShardWriter,
+    *,
+    max_model_len: int | None = None,
+    max_pending_bytes: int = 2**30,
+    seed: int = 0,
+    **engine_kwargs: Any,
+) -> float:
+    """Append every sample's hidden states, computed by vLLM, to `writer`; return the seconds
+    spent extracting (engine start and shutdown excluded).
+
+    The captured ids are the writer's `aux_layer_ids` and `last_layer_id` (which must be N).
+    `max_model_len` defaults to the longest sample + 1 (vLLM wants room for the one output
+    token). At most `max_pending_bytes` of hidden states are in flight or waiting in scratch
+    files at any time. `engine_kwargs` go to `build_llm`. Raises RuntimeError when the engine
+    returns token ids other than the sample's.
+    """
+    from vllm.distributed.kv_transfer.kv_connector.v1.example_hidden_states_connector import (
+        cleanup_hidden_states,
+        load_hidden_states,
+    )
+
+    num_layers, hidden_size = _num_layers(model_dir)
+    ids = _captured_ids(writer, num_layers)
+    # vLLM returns the layers in ascending id order, whatever order they were given in.
+    column = {layer_id: k for k, layer_id in enumerate(sorted(ids))}
+    aux_columns = [column[i] for i in writer.aux_layer_ids]
+    last_column = column[writer.last_layer_id]
+    longest = max(len(s["input_ids"]) for s in samples)
+    if max_model_len is None:
+        max_model_len = longest + 1
+    elif longest >= max_model_len:
+        raise InputError(
+            f"a sample of {longest} tokens does not fit max_model_len {max_model_len} "
+            "(vLLM needs the prompt length + 1)"
+        )
+    max_pending_tokens = max_pending_bytes // (len(ids) * hidden_size * 2)
+
+    with _extraction_engine(
+        model_dir, ids, seed=seed, max_model_len=max_model_len, engine_kwargs=engine_kwargs
+    ) as llm:
+        start = time.monotonic()
+        with _progress(len(samples), "extract (vllm)") as advance:
+            for i, path in _finished_in_order(llm, samples, max_pending_tokens):
+                sample = samples[i]
+                states = load_hidden_states(path)  # waits until the file is complete
+                cleanup_hidden_states(path)
+                _check_tokens(sample, states["token_ids"])
+                hidden = states["hidden_states"]
+                if hidden.dtype != torch.bfloat16 or hidden.shape[1:] != (len(ids), hidden_size):
+                    raise RuntimeError(
+                        f"{sample['id']}: vLLM returned {hidden.dtype} hidden states of shape "
+                        f"{tuple(hidden.shape)}, expected bfloat16 [T, {len(ids)}, {hidden_size}]"
+                    )
+                # Sliced as uint16 bit patterns in numpy: torch ops here would start OpenMP
+                # threads that fight the engine's for the same cores (~10x slower).
+                bits = bf16_to_uint16(hidden)
+                aux, last = bits[:, aux_columns], bits[:, last_column]
+                writer.append(sample["id"], sample["input_ids"], sample["loss_mask"], aux, last)
+                advance(1, len(sample["input_ids"]))
+        return time.monotonic() - start
+
+
+def _check_tokens(sample: dict, token_ids: torch.Tensor) -> None:
+    returned = token_ids.numpy()
+    if not np.array_equal(returned, sample["input_ids"]):
+        raise RuntimeError(
+            f"{sample['id']}: the engine returned {len(returned)} token ids that differ from "
+            f"the sample's {len(sample['input_ids'])}"
+        )
+
+
+def _windows(samples: Sequence[dict], window_tokens: int) -> Iterator[list[int]]:
+    """Consecutive runs of sample indices holding about `window_tokens` tokens each."""
+    window: list[int] = []
+    tokens = 0
+    for i, sample in enumerate(samples):
+        window.append(i)
+        tokens += len(sample["input_ids"])
+        if tokens >= window_tokens:
+            yield window
+            window, tokens = [], 0
+    if window:
+        yield window
+
+
+def _length_batches(
+    samples: Sequence[dict], indices: list[int], batch_tokens: int
+) -> Iterator[list[int]]:
+    """`indices` sorted by length (longest first), cut into batches of at most `batch_tokens`
+    padded tokens (a single longer sample makes a batch of its own)."""
+    order = sorted(indices, key=lambda i: -len(samples[i]["input_ids"]))
+    batch: list[int] = []
+    for i in order:
+        width = len(samples[batch[0]]["input_ids"]) if batch else len(samples[i]["input_ids"])
+        if batch and (len(batch) + 1) * width > batch_tokens:
+            yield batch
+            batch = []
+        batch.append(i)
+    if batch:
+        yield batch
+
+
+def _padded(samples: Sequence[dict], batch: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Right-padded input ids and attention mask of the samples `batch`."""
+    width = max(len(samples[i]["input_ids"]) for i in batch)
+    input_ids = torch.zeros((len(batch), width), dtype=torch.long)
+    attention = torch.zeros((len(batch), width), dtype=torch.long)
+    for row, i in enumerate(batch):
+        n = len(samples[i]["input_ids"])
+        input_ids[row, :n] = torch.from_numpy(samples[i]["input_ids"])
+        attention[row, :n] = 1
+    return input_ids, attention
+
+
+def extract_hf(
+    model_dir: str | Path,
+    samples: Sequence[dict],
+    writer: ShardWriter,
+    *,
+    batch_tokens: int = 8192,
+    window_tokens: int = 65536,
+) -> float:
+    """Append every sample's hidden states, computed by transformers in bf16, to `writer`;
+    return the seconds spent extracting (model loading excluded).
+
+    Forward hooks on the decoder layers of the captured ids (the writer's `aux_layer_ids` and
+    `last_layer_id`, which must be N) take their outputs; the `lm_head` is never run. Samples
+    are taken in windows of about `window_tokens` consecutive tokens, sorted by length within a
+    window and run in right-padded batches of at most `batch_tokens` padded tokens, so memory
+    stays bounded by the window while samples are still appended in order.
+    """
+    from transformers import AutoModelForCausalLM
+
+    # Only the base model runs (the lm_head is loaded, but never computed).
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.bfloat16).base_model
+    model.eval()
+    layers = getattr(model, "layers", None)
+    if not isinstance(layers, torch.nn.ModuleList):
+        raise InputError(f"{model_dir}: cannot find the decoder layers of {type(model).__name__}")
+    _captured_ids(writer, len(layers))
+    captured: dict[int, torch.Tensor] = {}
+
+    def keep(layer_id: int) -> Callable[..., None]:
+        def hook(_module: torch.nn.Module, _args: Any, output: Any) -> None:
+            captured[layer_id] = output[0] if isinstance(output, tuple) else output
+
+        return hook
+
+    # Layer id k is the output of decoder layer k-1 (the residual stream after k layers).
+    ids = [*writer.aux_layer_ids, writer.last_layer_id]
+    handles = [layers[i - 1].register_forward_hook(keep(i)) for i in ids]
+    start = time.monotonic()
+    try:
+        with _progress(len(samples), "extract (hf)") as advance, torch.inference_mode():
+            for window in _windows(samples, window_tokens):
+                results: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+                for batch in _length_batches(samples, window, batch_tokens):
+                    input_ids, attention = _padded(samples, batch)
+                    model(input_ids=input_ids, attention_mask=attention, use_cache=False)
+                    aux = torch.stack([captured[i] for i in writer.aux_layer_ids], dim=2)
+                    last = captured[writer.last_layer_id]
+                    captured.clear()
+                    for row, i in enumerate(batch):
+                        n = len(samples[i]["input_ids"])
+                        results[i] = (aux[row, :n].clone(), last[row, :n].clone())
+                    advance(len(batch), int(attention.sum()))
+                for i in window:
+                    aux, last = results.pop(i)
+                    sample = samples[i]
+                    writer.append(sample["id"], sample["input_ids"], sample["loss_mask"], aux, last)
+    finally:
+        for handle in handles:
+            handle.remove()
+    return time.monotonic() - start
+
+
+def backend_version(backend: str) -> str:
+    """The version of the package behind `backend`."""
+    if backend == "vllm":
+        import vllm
+
+        return vllm.__version__
+    import transformers
+
+    return transformers.__version__
+
+
+def extract_shard(
+    tokens: str | Path | Sequence[dict],
+    model_dir: str | Path,
+    out_path: str | Path,
+    *,
+    backend: str = "vllm",
+    layer_ids: Sequence[int] | None = None,
+    codec: str = DEFAULT_CODEC,
+    chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+    attrs: dict[str, Any] | None = None,
+    max_model_len: int | None = None,
+    max_pending_bytes: int = 2**30,
+    batch_tokens: int = 8192,
+    engine_kwargs: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """Extract the hidden states of one shard of samples into `out_path` (written atomically).
+
+    `tokens`: a JSONL path or a list of `{"id", "input_ids", "loss_mask"}`. `layer_ids`: the
+    aux ids (default (2, N//2, N-3)); id N is always captured as `last`. `attrs` are added to
+    the shard's attributes, next to the fingerprints and backend. Returns a summary: samples,
+    tokens, seconds (extraction and writing, without model loading or engine shutdown),
+    total_seconds, tokens_per_s (over `seconds`), stored and raw bytes (of the whole store and
+    of the activations alone) and the raw/stored ratios.
+    """
+    if backend not in BACKENDS:
+        raise InputError(f"unknown extraction backend {backend!r}; choose one of {BACKENDS}")
+    samples = load_samples(tokens)
+    if not samples:
+        raise InputError(f"{tokens}: no samples to extract")
+    num_layers, hidden_size = _num_layers(model_dir)
+    aux_ids, last_id = default_layer_ids(num_layers)
+    aux_ids = list(aux_ids if layer_ids is None else layer_ids)
+    check_layer_ids([*aux_ids, last_id], num_layers)
+    shard_attrs = {
+        "target_fingerprint": target_fingerprint(model_dir),
+        "tokenizer_fingerprint": tokenizer_fingerprint(model_dir),
+        "backend": backend,
+        "backend_version": backend_version(backend),
+        **(attrs or {}),
+    }
+    start = time.monotonic()
+    with ShardWriter(
+        out_path,
+        aux_layer_ids=aux_ids,
+        last_layer_id=last_id,
+        hidden_size=hidden_size,
+        attrs=shard_attrs,
+        codec=codec,
+        chunk_bytes=chunk_bytes,
+    ) as writer:
+        if backend == "vllm":
+            seconds = extract_vllm(
+                model_dir,
+                samples,
+                writer,
+                max_model_len=max_model_len,
+                max_pending_bytes=max_pending_bytes,
+                **(engine_kwargs or {}),
+            )
+        else:
+            seconds = extract_hf(model_dir, samples, writer, batch_tokens=batch_tokens)
+        closing = time.monotonic()
+    seconds += time.monotonic() - closing  # the last chunks and the rename belong to the work
+    total = time.monotonic() - start
+    shard = open_shard(out_path)
+    activations = ("aux", "last")
+    summary = {
+        "path": str(out_path),
+        "backend": backend,
+        "samples": shard.num_samples,
+        "tokens": shard.num_tokens,
+        "seconds": round(seconds, 3),
+        "total_seconds": round(total, 3),
+        "tokens_per_s": round(shard.num_tokens / seconds, 1),
+        "stored_bytes": shard.nbytes_stored(),
+        "raw_bytes": shard.nbytes_raw(),
+        "activation_stored_bytes": shard.nbytes_stored(activations),
+        "activation_raw_bytes": shard.nbytes_raw(activations),
+    }
+    summary["ratio"] = round(summary["raw_bytes"] / summary["stored_bytes"], 4)
+    summary["activation_ratio"] = round(
+        summary["activation_raw_bytes"] / summary["activation_stored_bytes"], 4
+    )
+    return summary
