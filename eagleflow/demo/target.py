@@ -228,7 +228,7 @@ def build_demo_target(
     num_kv_heads: int = 1,
     tokenizer_vocab_size: int = 1536,
     num_conversations: int = 20000,
-    train_steps: int = 1000,
+    train_steps: int = 900,
     batch_size: int = 16,
     learning_rate: float = 6e-3,
     num_threads: int = 2,
