@@ -67,6 +67,8 @@ def demo_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     Builds the real demo target (a few minutes), so every test that needs a trained target
     shares this one build.
     """
+    if os.environ.get("EAGLEFLOW_DEMO_RUN"):  # reuse a finished run while developing tests
+        return Path(os.environ["EAGLEFLOW_DEMO_RUN"])
     workdir = tmp_path_factory.mktemp("demo_run")
     write_config(workdir)
     run_snakemake(workdir)

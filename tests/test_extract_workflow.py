@@ -106,7 +106,7 @@ def test_changed_layer_ids_rerun_every_extract_job_only(demo_run: Path) -> None:
     original = config.read_text()
     try:
         write_config(demo_run, {"extract": {"aux_layer_ids": [1, 4, 6]}})
-        dry = run_snakemake(demo_run, "-n", "-r").stdout
+        dry = run_snakemake(demo_run, "-n").stdout
         write_config(demo_run, {"extract": {"aux_layer_ids": [2, 4, 8]}})
         bad = run_snakemake(demo_run, "-n", check=False)
     finally:

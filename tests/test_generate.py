@@ -92,7 +92,7 @@ def test_changed_temperature_reruns_generation_only(demo_run: Path) -> None:
     original = config.read_text()
     try:
         write_config(demo_run, {"generation": {"temperature": 0.7}})
-        dry = run_snakemake(demo_run, "-n", "-r").stdout
+        dry = run_snakemake(demo_run, "-n").stdout
     finally:
         config.write_text(original)
     shards = json.loads((demo_run / "results/plan/plan.json").read_text())["shards"]

@@ -58,4 +58,5 @@ def test_demo_run_builds_target_prompts_and_responses(demo_run: Path) -> None:
     assert len(plan["shards"]) >= 2
     assert len(responses) == plan["samples"] == 300
     # A finished workflow has nothing left to do.
-    assert "Nothing to be done" in run_snakemake(demo_run, "-n").stdout
+    nothing = run_snakemake(demo_run, "-n")
+    assert "Nothing to be done" in nothing.stdout + nothing.stderr
