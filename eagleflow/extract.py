@@ -32,6 +32,7 @@ import torch
 from tqdm import tqdm
 
 from eagleflow.files import read_jsonl
+from eagleflow.layers import check_layer_ids, default_layer_ids
 from eagleflow.logs import InputError
 from eagleflow.shards import (
     DEFAULT_CHUNK_BYTES,
@@ -55,30 +56,6 @@ TOKENIZER_FILES = (
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth")
 FINGERPRINT_BLOCKS = 16  # blocks of each weight file read for the fingerprint
 FINGERPRINT_BLOCK_BYTES = 4096
-
-
-def default_layer_ids(num_layers: int) -> tuple[list[int], int]:
-    """The usual EAGLE-3 aux ids (2, N//2, N-3) and the teacher's id N, for N decoder layers."""
-    return [2, num_layers // 2, num_layers - 3], num_layers
-
-
-def check_layer_ids(ids: Sequence[int], num_layers: int) -> None:
-    """Raise InputError naming the first bad id: ids must be distinct integers in [1, N].
-
-    vLLM silently drops duplicate ids (and then fails far away), so they are refused here.
-    """
-    seen: set[int] = set()
-    for layer_id in ids:
-        if isinstance(layer_id, bool) or not isinstance(layer_id, int | np.integer):
-            raise InputError(f"layer id {layer_id!r} is not an integer (ids: {list(ids)})")
-        if not 1 <= layer_id <= num_layers:
-            raise InputError(
-                f"layer id {layer_id} is out of range: ids must lie in [1, {num_layers}] for a "
-                f"target with {num_layers} decoder layers (ids: {list(ids)})"
-            )
-        if layer_id in seen:
-            raise InputError(f"layer id {layer_id} appears more than once (ids: {list(ids)})")
-        seen.add(int(layer_id))
 
 
 def _captured_ids(writer: ShardWriter, num_layers: int) -> list[int]:
