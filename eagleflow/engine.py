@@ -12,6 +12,13 @@ CPU_MEMORY_FRACTION = 0.1
 GPU_MEMORY_FRACTION = 0.9
 
 
+def memory_fraction() -> float:
+    """vLLM's `gpu_memory_utilization` for this platform (on CPU: the share of RAM for KV)."""
+    from vllm.platforms import current_platform
+
+    return CPU_MEMORY_FRACTION if current_platform.is_cpu() else GPU_MEMORY_FRACTION
+
+
 def build_llm(
     model_dir: str | Path, *, seed: int = 0, max_model_len: int = 1024, **engine_kwargs: Any
 ) -> "vllm.LLM":
@@ -23,14 +30,12 @@ def build_llm(
     # Tokenizer and config look-ups must never try to reach a model hub.
     os.environ["HF_HUB_OFFLINE"] = "1"
     import vllm
-    from vllm.platforms import current_platform
 
-    memory_fraction = CPU_MEMORY_FRACTION if current_platform.is_cpu() else GPU_MEMORY_FRACTION
     settings: dict[str, Any] = {
         "model": str(model_dir),
         "seed": seed,
         "max_model_len": max_model_len,
-        "gpu_memory_utilization": memory_fraction,
+        "gpu_memory_utilization": memory_fraction(),
     }
     settings.update(engine_kwargs)
     return vllm.LLM(**settings)

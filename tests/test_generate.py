@@ -119,8 +119,9 @@ def test_killed_generation_redoes_only_the_interrupted_shard(
     assert len(shards) >= 3
     out = tmp_path / "results/responses"
     targets = [f"results/responses/shard-{s['shard']}.jsonl" for s in shards]
-    # Killed once the first shard is done and the second is being generated.
-    run_and_kill(tmp_path, out / "shard-00000.jsonl", *targets)
+    # Killed once the first generate job has finished (Snakemake wrote its benchmark) and the
+    # second is running.
+    run_and_kill(tmp_path, tmp_path / "results/benchmarks/generate/shard-00000.tsv", *targets)
     done = sorted(p.name for p in out.glob("shard-*.jsonl"))
     assert done and len(done) < len(shards), done
     for shard in shards:  # whatever is under a final name is complete
