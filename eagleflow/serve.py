@@ -55,7 +55,7 @@ def running_server(
     max_model_len: int = 1024,
     log_path: str | Path | None = None,
     extra: list[str] | None = None,
-    ready_timeout_s: float = 300,
+    ready_timeout_s: float = 900,
 ) -> Iterator[str]:
     """Start a vLLM server, yield its base URL once it answers, stop it (and its workers) after."""
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
