@@ -12,12 +12,15 @@ include: "rules/plan.smk"
 include: "rules/generate.smk"
 include: "rules/prepare.smk"
 include: "rules/extract.smk"
+include: "rules/vocab.smk"
+include: "rules/train.smk"
 
 
 rule all:
     default_target: True
     input:
-        all_hidden,
+        "results/drafter/vllm",
+        "results/drafter/speculators",
 
 
 # Stop after a stage: `snakemake --cores all responses`.
@@ -29,3 +32,8 @@ rule responses:
 rule hidden:
     input:
         all_hidden,
+
+
+rule drafter:
+    input:
+        "results/drafter/vllm",

@@ -115,7 +115,7 @@ def job_naive(args: argparse.Namespace) -> dict:
     import torch
     from transformers import AutoModelForCausalLM
 
-    from eagleflow.extract import default_layer_ids
+    from eagleflow.layers import default_layer_ids
 
     samples = read_jsonl(args.tokens)
     model = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.bfloat16).eval()

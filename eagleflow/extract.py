@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import os
+import shutil
 import tempfile
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -44,6 +45,7 @@ from eagleflow.shards import (
 
 BACKENDS = ("vllm", "hf")
 CONNECTOR = "EagleflowHiddenStatesConnector"
+SCRATCH_PREFIX = "eagleflow-hidden-"  # then the pid of the extracting process
 # Files hashed for the tokenizer fingerprint, when present (the chat template lives in either
 # tokenizer_config.json or a file of its own).
 TOKENIZER_FILES = (
@@ -158,10 +160,21 @@ def _progress(total: int, desc: str) -> Iterator[Callable[[int, int], None]]:
         yield advance
 
 
-def _scratch_root() -> str | None:
+def _scratch_root() -> Path:
     """A RAM-backed directory for the connector's per-request files, when the machine has one."""
     shm = Path("/dev/shm")
-    return str(shm) if shm.is_dir() and os.access(shm, os.W_OK) else None
+    return shm if shm.is_dir() and os.access(shm, os.W_OK) else Path(tempfile.gettempdir())
+
+
+def _remove_stale_scratch(root: Path) -> None:
+    """Remove the scratch directories of extraction processes that no longer exist.
+
+    A killed job cannot clean up after itself, and on /dev/shm its leftovers hold RAM.
+    """
+    for path in root.glob(f"{SCRATCH_PREFIX}*-*"):
+        pid = path.name[len(SCRATCH_PREFIX) :].split("-", 1)[0]
+        if pid.isdigit() and not Path(f"/proc/{pid}").exists():
+            shutil.rmtree(path, ignore_errors=True)
 
 
 @contextlib.contextmanager
@@ -177,7 +190,10 @@ def _extraction_engine(
     (removed afterwards, with anything left in it); the engine is shut down on exit."""
     from eagleflow.engine import build_llm
 
-    with tempfile.TemporaryDirectory(prefix="eagleflow-hidden-", dir=_scratch_root()) as scratch:
+    root = _scratch_root()
+    _remove_stale_scratch(root)
+    prefix = f"{SCRATCH_PREFIX}{os.getpid()}-"
+    with tempfile.TemporaryDirectory(prefix=prefix, dir=root) as scratch:
         llm = build_llm(
             model_dir,
             seed=seed,

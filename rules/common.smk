@@ -60,3 +60,16 @@ def aux_layer_ids(wildcards, input):
 
 def all_responses(wildcards=None):
     return expand("results/responses/shard-{shard}.jsonl", shard=planned_shards())
+
+
+def all_token_counts(wildcards=None):
+    return expand("results/token_counts/shard-{shard}.npz", shard=planned_shards())
+
+
+# Keys that change how the work is spread, not the drafter: changing them retrains nothing.
+TRAIN_LAYOUT_KEYS = ("nproc", "num_workers")
+
+
+def train_settings(wildcards=None):
+    """The training keys that decide the drafter (all but the layout keys)."""
+    return {k: v for k, v in config["train"].items() if k not in TRAIN_LAYOUT_KEYS}

@@ -17,12 +17,13 @@ import pytest
 import torch
 
 from eagleflow.extract import (
-    check_layer_ids,
-    default_layer_ids,
+    SCRATCH_PREFIX,
+    _remove_stale_scratch,
     extract_shard,
     target_fingerprint,
     tokenizer_fingerprint,
 )
+from eagleflow.layers import check_layer_ids, default_layer_ids
 from eagleflow.logs import InputError
 from eagleflow.shards import open_shard, verify_shard
 
@@ -235,6 +236,18 @@ def test_extract_shard_refuses_bad_ids(
         with pytest.raises(InputError, match=named):
             extract_shard(samples, target, out, backend=backend, layer_ids=layer_ids)
     assert not out.exists()
+
+
+def test_scratch_of_dead_extractions_is_removed(tmp_path: Path) -> None:
+    pid_max = int(Path("/proc/sys/kernel/pid_max").read_text())
+    dead = tmp_path / f"{SCRATCH_PREFIX}{pid_max + 1}-abc"  # no process can have this pid
+    alive = tmp_path / f"{SCRATCH_PREFIX}{os.getpid()}-abc"
+    other = tmp_path / "eagleflow-hidden-notapid"
+    for path in (dead, alive, other):
+        path.mkdir()
+        (path / "0-abc.safetensors").write_bytes(b"x")
+    _remove_stale_scratch(tmp_path)
+    assert not dead.exists() and alive.exists() and other.exists()
 
 
 def test_test_target_layers_are_distinct(reference: list) -> None:

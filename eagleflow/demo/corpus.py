@@ -265,18 +265,30 @@ def _sort_numbers(rng: random.Random) -> Problem:
         )
     variant = rng.randrange(len(asks))
     user = asks[variant].format(l=", ".join(map(str, numbers)))
-    extreme = "largest" if descending else "smallest"
-    ordered = sorted(numbers, reverse=descending)
+    extreme, pick = ("largest", max) if descending else ("smallest", min)
     intros = (
         "Repeatedly take the {e} number that is left.",
         "I will pick the {e} remaining number each time.",
-        "Select the {e} value, set it aside, and repeat.",
+        "Select the {e} value, remove it, and repeat.",
     )
-    # One short line per pick: long "remaining: ..." lists made the small model loop.
-    steps = ("The {e} left is {c}.", "Take {c}.", "Next is {c}.")
+    # Restating what is left makes each step a copy from the line above: the copying practice
+    # that teaches the small model to carry numbers over from the prompt.
+    steps = (
+        "The {e} of what is left is {c}; remaining: {r}.",
+        "Take {c}. Left: {r}.",
+        "Next is {c}, leaving {r}.",
+    )
     lines = [_pick(intros, variant).format(e=extreme)]
-    lines += [_pick(steps, variant).format(e=extreme, c=chosen) for chosen in ordered[:-1]]
-    lines.append(f"Only {ordered[-1]} is left, so it goes last.")
+    remaining = list(numbers)
+    ordered = []
+    while len(remaining) > 1:
+        chosen = pick(remaining)
+        remaining.remove(chosen)
+        ordered.append(chosen)
+        rest = ", ".join(map(str, remaining))
+        lines.append(_pick(steps, variant).format(e=extreme, c=chosen, r=rest))
+    ordered.append(remaining[0])
+    lines.append(f"Only {remaining[0]} is left, so it goes last.")
     result = ", ".join(map(str, ordered))
     answers = ("Sorted: {r}.", "The sorted order is {r}.", "In order: {r}.", "The answer is {r}.")
     return Problem(user, "\n".join(lines), _pick(answers, variant).format(r=result), result)

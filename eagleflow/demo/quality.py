@@ -44,7 +44,7 @@ def answer_matches(text: str, expected: str) -> bool:
     return re.search(rf"(?<!\w){re.escape(expected)}(?!\w)", parts[1]) is not None
 
 
-def _generate_vllm(model_dir: Path, conversations: list[list[dict]]) -> list[tuple[list, str]]:
+def _generate_vllm(model_dir: Path, conversations: list[list[dict]]) -> list[tuple[list[int], str]]:
     from vllm import SamplingParams
 
     from eagleflow.engine import build_llm
@@ -64,7 +64,7 @@ def _generate_vllm(model_dir: Path, conversations: list[list[dict]]) -> list[tup
     return results
 
 
-def _generate_hf(model_dir: Path, conversations: list[list[dict]]) -> list[tuple[list, str]]:
+def _generate_hf(model_dir: Path, conversations: list[list[dict]]) -> list[tuple[list[int], str]]:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 

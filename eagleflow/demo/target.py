@@ -6,11 +6,17 @@ is a fixed number of steps, never a time budget.
 """
 
 import math
+import os
 import random
 import shutil
 import sys
 import time
 from pathlib import Path
+
+# Set before torch loads its OpenMP runtime. With the default spinning wait, the two training
+# threads slow down ~20x whenever another busy process shares the two cores; sleeping waiters
+# cost little when the cores are free.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import torch
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
@@ -35,10 +41,11 @@ CHAT_TEMPLATE = (
     "{% if add_generation_prompt %}{{ '<|assistant|>\n' }}{% endif %}"
 )
 
-# Embedding rows are padded to a multiple of this: the draft vocab, t2d and vLLM all size
-# themselves by config.vocab_size, so it must differ from the tokenizer length like real models.
+# Embedding rows are padded to a multiple of this, as in real models, so config.vocab_size
+# exceeds the tokenizer length: the draft vocab, t2d and vLLM must size by the former.
 VOCAB_MULTIPLE = 64
 IGNORE_INDEX = -100
+WIDTH_MULTIPLE = 16
 
 
 def _render(tokenizer: PreTrainedTokenizerFast, messages: list[dict], prompt: bool) -> str:
@@ -46,7 +53,7 @@ def _render(tokenizer: PreTrainedTokenizerFast, messages: list[dict], prompt: bo
 
 
 def train_tokenizer(conversations: list[list[dict]], vocab_size: int) -> PreTrainedTokenizerFast:
-    """A byte-level BPE tokenizer (digits split one per token) with the chat special tokens."""
+    """A byte-level BPE tokenizer with the chat special tokens and `<think>`, `</think>`."""
     bpe = Tokenizer(models.BPE())
     # Numbers split into chunks of at most two digits (a leading space may join the first): a
     # chunk of 1-99 is one token, so copying a number from the prompt is a short, unambiguous
@@ -119,7 +126,9 @@ def _length_bucketed_batches(
 def _collate(
     encoded: list[tuple[list[int], int]], batch: list[int], pad_id: int
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    width = max(len(encoded[i][0]) for i in batch)
+    # Few distinct widths: each new shape costs oneDNN a kernel build and cache memory.
+    longest = max(len(encoded[i][0]) for i in batch)
+    width = -(-longest // WIDTH_MULTIPLE) * WIDTH_MULTIPLE
     input_ids = torch.full((len(batch), width), pad_id, dtype=torch.long)
     attention_mask = torch.zeros((len(batch), width), dtype=torch.long)
     labels = torch.full((len(batch), width), IGNORE_INDEX, dtype=torch.long)
@@ -228,7 +237,7 @@ def build_demo_target(
     num_kv_heads: int = 1,
     tokenizer_vocab_size: int = 1536,
     num_conversations: int = 20000,
-    train_steps: int = 900,
+    train_steps: int = 1000,
     batch_size: int = 16,
     learning_rate: float = 6e-3,
     num_threads: int = 2,

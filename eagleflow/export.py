@@ -1,0 +1,132 @@
+"""Drafter exports: a vLLM/SGLang-native directory and a speculators-format directory.
+
+Every flag that an engine would otherwise guess is written explicitly: a missing
+`eagle_aux_hidden_state_layer_ids` makes vLLM fall back to default ids, and a missing
+`norm_before_residual` reads as True in speculators-format configs (our drafter is False).
+SGLang reads its aux ids from `eagle_config` and numbers layers from 0 (its id k is the output
+of decoder layer k, our id k+1), so that copy holds our ids minus one.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from safetensors.torch import save_file
+
+from eagleflow.files import atomic_output
+
+# Tensors that keep their dtype: index maps, not weights.
+INDEX_TENSORS = ("d2t", "t2d")
+
+
+def drafter_tensors(model: torch.nn.Module, dtype: torch.dtype = torch.bfloat16) -> dict:
+    """Weights under the names EAGLE-3 loaders read (no `model.` prefix), no target embedding."""
+    tensors = {}
+    for name, value in model.state_dict().items():
+        value = value.detach().cpu()
+        tensors[name] = value if name in INDEX_TENSORS else value.to(dtype).contiguous()
+    return tensors
+
+
+def llama_layer_config(cfg) -> dict:
+    """The Llama decoder-layer keys shared by both formats."""
+    return {
+        "model_type": "llama",
+        "hidden_size": cfg.hidden_size,
+        "intermediate_size": cfg.intermediate_size,
+        "num_attention_heads": cfg.num_attention_heads,
+        "num_key_value_heads": cfg.num_key_value_heads,
+        "head_dim": cfg.head_dim,
+        "num_hidden_layers": 1,
+        "hidden_act": "silu",
+        "rms_norm_eps": cfg.rms_norm_eps,
+        "rope_theta": cfg.rope_theta,
+        "rope_parameters": {"rope_type": "default", "rope_theta": cfg.rope_theta},
+        "max_position_embeddings": cfg.max_position_embeddings,
+        "vocab_size": cfg.vocab_size,
+        "attention_bias": False,
+        "mlp_bias": False,
+        "tie_word_embeddings": False,
+        "torch_dtype": "bfloat16",
+    }
+
+
+def vllm_config(model: torch.nn.Module, aux_layer_ids: list[int]) -> dict:
+    cfg = model.cfg
+    return {
+        **llama_layer_config(cfg),
+        "architectures": ["LlamaForCausalLMEagle3"],
+        "draft_vocab_size": cfg.draft_vocab_size,
+        "target_hidden_size": cfg.target_hidden_size,
+        "eagle_aux_hidden_state_layer_ids": list(aux_layer_ids),
+        "norm_before_residual": False,
+        "eagle_config": {
+            "use_aux_hidden_state": True,
+            "eagle_aux_hidden_state_layer_ids": [i - 1 for i in aux_layer_ids],  # SGLang ids
+        },
+    }
+
+
+def _write(out_dir: str | Path, config: dict, tensors: dict) -> None:
+    with atomic_output(out_dir) as tmp:
+        tmp.mkdir()
+        (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+        save_file(tensors, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+
+
+def export_vllm(model: torch.nn.Module, aux_layer_ids: list[int], out_dir: str | Path) -> None:
+    """config.json + model.safetensors that vLLM (method eagle3) and SGLang (EAGLE3) load."""
+    _write(out_dir, vllm_config(model, aux_layer_ids), drafter_tensors(model))
+
+
+def speculators_config(
+    model: torch.nn.Module, aux_layer_ids: list[int], target: str | Path, tokens: int
+) -> dict:
+    cfg = model.cfg
+    target_config = json.loads((Path(target) / "config.json").read_text())
+    return {
+        "architectures": ["Eagle3Speculator"],
+        "speculators_model_type": "eagle3",
+        "speculators_version": "0.3.0",
+        "draft_vocab_size": cfg.draft_vocab_size,
+        "target_hidden_size": cfg.target_hidden_size,
+        "eagle_aux_hidden_state_layer_ids": list(aux_layer_ids),
+        "norm_before_residual": False,
+        "torch_dtype": "bfloat16",
+        "transformer_layer_config": llama_layer_config(cfg),
+        "speculators_config": {
+            "algorithm": "eagle3",
+            "default_proposal_method": "greedy",
+            "proposal_methods": [
+                {
+                    "proposal_type": "greedy",
+                    "speculative_tokens": tokens,
+                    "accept_tolerance": 0.0,
+                    "verifier_accept_k": 1,
+                }
+            ],
+            "verifier": {
+                "name_or_path": str(Path(target).resolve()),
+                "architectures": target_config.get("architectures", []),
+            },
+        },
+    }
+
+
+def export_speculators(
+    model: torch.nn.Module,
+    aux_layer_ids: list[int],
+    out_dir: str | Path,
+    *,
+    target: str | Path,
+    num_speculative_tokens: int,
+) -> None:
+    """The speculators library's layout: decoder layer as `layers.0.*`."""
+    tensors = {
+        name.replace("midlayer.", "layers.0.", 1): value
+        for name, value in drafter_tensors(model).items()
+    }
+    config = speculators_config(model, aux_layer_ids, target, num_speculative_tokens)
+    _write(out_dir, config, tensors)

@@ -1,0 +1,169 @@
+"""Training data from zarr shards: streamed, shuffled across shards, bounded memory.
+
+The order of samples is a pure function of (seed, epoch) and never of the number of processes:
+each epoch shuffles windows of consecutive samples (so a zarr chunk, which holds several samples,
+is decoded about once) across all shards, then shuffles samples inside groups of windows. Global
+batches are packed from that order by a token budget; DDP rank r takes every world-th sample of
+each global batch. So one process and N processes see the same global batches, and a resumed run
+continues exactly where the killed one stopped (the batch of step s is known without reading data).
+Worker processes decode the samples; memory is bounded by workers x prefetch x batch.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch.utils.data import DataLoader, Dataset, Sampler
+
+from eagleflow.shards import open_shard
+from eagleflow.split import is_heldout
+
+WINDOW = 8  # consecutive samples kept together: a chunk's worth on small targets
+SHUFFLE_GROUP = 32  # windows whose samples are shuffled together
+
+
+@dataclass(frozen=True)
+class SampleRef:
+    shard: int  # index into the shard list
+    index: int  # sample index inside the shard
+    num_tokens: int
+
+
+def list_samples(shard_paths: Sequence[str | Path], heldout_fraction: float, split: str):
+    """References to the samples of one split ("train" or "heldout"), in shard order."""
+    refs = []
+    for shard_index, path in enumerate(shard_paths):
+        shard = open_shard(path)
+        lengths = shard.offsets[1:] - shard.offsets[:-1]
+        for i, sample_id in enumerate(shard.sample_ids):
+            if is_heldout(sample_id, heldout_fraction) == (split == "heldout"):
+                refs.append(SampleRef(shard_index, i, int(lengths[i])))
+    return refs
+
+
+def epoch_order(refs: Sequence[SampleRef], seed: int, epoch: int) -> list[int]:
+    """A shuffled order of `refs` (indices), the same for every process count."""
+    rng = random.Random(f"{seed}:{epoch}")
+    windows = [list(range(i, min(i + WINDOW, len(refs)))) for i in range(0, len(refs), WINDOW)]
+    rng.shuffle(windows)
+    order: list[int] = []
+    for g in range(0, len(windows), SHUFFLE_GROUP):
+        group = [i for window in windows[g : g + SHUFFLE_GROUP] for i in window]
+        rng.shuffle(group)
+        order += group
+    return order
+
+
+def pack_batches(
+    refs: Sequence[SampleRef], order: Sequence[int], batch_tokens: int
+) -> list[list[int]]:
+    """Global batches of whole samples with at most `batch_tokens` tokens (at least one)."""
+    batches: list[list[int]] = []
+    current: list[int] = []
+    tokens = 0
+    for i in order:
+        if current and tokens + refs[i].num_tokens > batch_tokens:
+            batches.append(current)
+            current, tokens = [], 0
+        current.append(i)
+        tokens += refs[i].num_tokens
+    if current:
+        batches.append(current)
+    return batches
+
+
+class TrainBatches(Sampler[list[int]]):
+    """This rank's part of each global batch, from step `start_step` on, across epochs."""
+
+    def __init__(
+        self,
+        refs: Sequence[SampleRef],
+        *,
+        batch_tokens: int,
+        seed: int,
+        start_step: int = 0,
+        num_steps: int,
+        rank: int = 0,
+        world: int = 1,
+    ) -> None:
+        self.refs, self.batch_tokens, self.seed = refs, batch_tokens, seed
+        self.start_step, self.num_steps, self.rank, self.world = start_step, num_steps, rank, world
+
+    def global_batches(self) -> Iterator[list[int]]:
+        epoch = 0
+        while True:
+            yield from pack_batches(
+                self.refs, epoch_order(self.refs, self.seed, epoch), self.batch_tokens
+            )
+            epoch += 1
+
+    def __iter__(self) -> Iterator[list[int]]:
+        for step, batch in enumerate(self.global_batches()):
+            if step >= self.num_steps:
+                return
+            if step >= self.start_step:
+                yield batch[self.rank :: self.world]
+
+    def __len__(self) -> int:
+        return max(0, self.num_steps - self.start_step)
+
+
+class ShardSamples(Dataset):
+    """Map-style view of samples across shards; shards open lazily in each worker process."""
+
+    def __init__(self, shard_paths: Sequence[str | Path], refs: Sequence[SampleRef]) -> None:
+        self.shard_paths = [str(p) for p in shard_paths]
+        self.refs = list(refs)
+        self._open: dict[int, object] = {}
+
+    def __len__(self) -> int:
+        return len(self.refs)
+
+    def __getitem__(self, i: int) -> dict:
+        ref = self.refs[i]
+        shard = self._open.get(ref.shard)
+        if shard is None:
+            shard = self._open[ref.shard] = open_shard(self.shard_paths[ref.shard])
+        return shard.sample(ref.index)
+
+
+def pad_batch(samples: list[dict]) -> dict[str, torch.Tensor]:
+    """Right-pad a list of samples to one [B, T, ...] batch; padding has loss_mask False."""
+    if not samples:  # a rank's share of a global batch can be empty
+        return {"empty": torch.tensor(True)}
+    length = max(len(s["input_ids"]) for s in samples)
+    batch, (num_aux, hidden) = len(samples), samples[0]["aux"].shape[1:]
+    out = {
+        "input_ids": torch.zeros(batch, length, dtype=torch.long),
+        "loss_mask": torch.zeros(batch, length, dtype=torch.bool),
+        "aux": torch.zeros(batch, length, num_aux * hidden, dtype=torch.bfloat16),
+        "last": torch.zeros(batch, length, hidden, dtype=torch.bfloat16),
+    }
+    for row, sample in enumerate(samples):
+        n = len(sample["input_ids"])
+        out["input_ids"][row, :n] = sample["input_ids"]
+        out["loss_mask"][row, :n] = sample["loss_mask"]
+        out["aux"][row, :n] = sample["aux"].reshape(n, -1)
+        out["last"][row, :n] = sample["last"]
+    return out
+
+
+def make_loader(
+    shard_paths: Sequence[str | Path],
+    refs: Sequence[SampleRef],
+    batches: Sampler[list[int]] | Sequence[list[int]],
+    *,
+    num_workers: int,
+) -> DataLoader:
+    return DataLoader(
+        ShardSamples(shard_paths, refs),
+        batch_sampler=batches,
+        collate_fn=pad_batch,
+        num_workers=num_workers,
+        prefetch_factor=2 if num_workers else None,
+        persistent_workers=False,
+    )

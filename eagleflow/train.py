@@ -1,0 +1,428 @@
+"""EAGLE-3 drafter training from zarr shards: TTT with forward KL, checkpoints, resume, DDP.
+
+Run in-process (`train_drafter`) or under torchrun (`python -m eagleflow.train SETTINGS.json`).
+With N processes every rank sums its loss over its share of the global batch and divides by the
+global count of positions, so N processes follow the 1-process loss curve for the same batches.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import csv
+import hashlib
+import json
+import logging
+import math
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from tqdm import tqdm
+
+from eagleflow.drafter import DrafterConfig, Eagle3Drafter, TargetHead, load_target_head
+from eagleflow.export import export_speculators, export_vllm
+from eagleflow.files import atomic_output
+from eagleflow.loader import TrainBatches, list_samples, make_loader, pack_batches
+from eagleflow.logs import InputError
+from eagleflow.shards import open_shard
+from eagleflow.vocab import draft_to_target_ids, load_vocab_map
+
+log = logging.getLogger("eagleflow.train")
+KEEP_CHECKPOINTS = 2
+
+
+@dataclass
+class TrainSettings:
+    shards: list[str]
+    vocab: str
+    target: str
+    out_vllm: str
+    out_speculators: str
+    metrics: str
+    checkpoint_dir: str
+    steps: int = 1500
+    batch_tokens: int = 8192
+    learning_rate: float = 3e-3
+    warmup_steps: int = 50
+    min_lr_ratio: float = 0.1
+    weight_decay: float = 0.0
+    grad_clip: float = 1.0
+    ttt_steps: int = 7
+    step_weight: float = 0.8
+    heldout_fraction: float = 0.05
+    seed: int = 0
+    checkpoint_every: int = 200
+    eval_every: int = 500
+    num_workers: int = 1
+    num_speculative_tokens: int = 3
+    threads: int = 0  # torch threads per process; 0 = leave torch's choice
+
+    def fingerprint(self) -> str:
+        """What decides the trajectory: a checkpoint of other settings or data is not resumed."""
+        keys = asdict(self)
+        for name in (
+            "out_vllm",
+            "out_speculators",
+            "metrics",
+            "checkpoint_dir",
+            "num_workers",
+            "eval_every",
+            "checkpoint_every",
+            "threads",
+        ):
+            keys.pop(name)
+        keys["shards"] = [_shard_identity(path) for path in self.shards]
+        keys["vocab"] = hashlib.sha256(Path(self.vocab).read_bytes()).hexdigest()
+        keys["target"] = hashlib.sha256(
+            (Path(self.target) / "config.json").read_bytes()
+        ).hexdigest()
+        return hashlib.sha256(json.dumps(keys, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def _shard_identity(path: str) -> str:
+    """Name and metadata of a shard (its attributes carry counts and fingerprints)."""
+    return (
+        Path(path).name + ":" + hashlib.sha256((Path(path) / "zarr.json").read_bytes()).hexdigest()
+    )
+
+
+def _shift(x: torch.Tensor, by: int) -> torch.Tensor:
+    """x[:, t + by] at position t (dim 1), zeros/False past the end."""
+    out = torch.zeros_like(x)
+    out[:, : max(0, x.shape[1] - by)] = x[:, by:]
+    return out
+
+
+def ttt_terms(
+    draft_logits: list[torch.Tensor],
+    teacher_logp: torch.Tensor,
+    argmax_in_draft: torch.Tensor,
+    loss_mask: torch.Tensor,
+) -> tuple[list[torch.Tensor], list[torch.Tensor], list[torch.Tensor]]:
+    """Per step k: summed forward KL, number of valid slots and number of argmax matches.
+
+    Slot t of step k predicts token t+2+k with the teacher of position t+1+k. It counts when that
+    token and the input token t+1+k are both assistant tokens (drafting starts at the last prompt
+    position) and the target's argmax lies in the draft vocab.
+    """
+    kl_sums, counts, correct = [], [], []
+    for step, logits in enumerate(draft_logits):
+        valid = _shift(loss_mask, 1 + step) & _shift(loss_mask, 2 + step)
+        valid &= _shift(argmax_in_draft, 1 + step)
+        teacher = _shift(teacher_logp, 1 + step)[valid]
+        draft_logp = torch.log_softmax(logits[valid].float(), -1)
+        kl = (teacher.exp() * (teacher - draft_logp)).sum(-1)
+        kl_sums.append(kl.sum())
+        counts.append(valid.sum())
+        correct.append((draft_logp.argmax(-1) == teacher.argmax(-1)).sum())
+    return kl_sums, counts, correct
+
+
+def _all_sum(values: list[torch.Tensor]) -> torch.Tensor:
+    stacked = torch.stack([v.detach().double() for v in values])
+    if dist.is_initialized():
+        dist.all_reduce(stacked)
+    return stacked
+
+
+def lr_at(step: int, s: TrainSettings) -> float:
+    """Linear warmup, then cosine decay to min_lr_ratio of the peak."""
+    if step < s.warmup_steps:
+        return s.learning_rate * (step + 1) / s.warmup_steps
+    progress = (step - s.warmup_steps) / max(1, s.steps - s.warmup_steps)
+    cosine = 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
+    return s.learning_rate * (s.min_lr_ratio + (1 - s.min_lr_ratio) * cosine)
+
+
+def _batch_terms(model, head: TargetHead, batch: dict, steps: int, draft_ids: torch.Tensor):
+    teacher_logp, argmax_in_draft = head.teacher(batch["last"], draft_ids)
+    logits = model(batch["aux"].float(), batch["input_ids"], head.embed, steps)
+    return ttt_terms(logits, teacher_logp, argmax_in_draft, batch["loss_mask"])
+
+
+@torch.no_grad()
+def evaluate(model, head, s: TrainSettings, draft_ids: torch.Tensor) -> dict[str, float]:
+    """Held-out loss_k and acc_k (draft argmax == target argmax) over the held-out split."""
+    refs = list_samples(s.shards, s.heldout_fraction, "heldout")
+    if not refs:
+        return {}
+    rank, world = _rank_world()
+    batches = [b[rank::world] for b in pack_batches(refs, range(len(refs)), s.batch_tokens)]
+    totals = torch.zeros(3, s.ttt_steps, dtype=torch.float64)
+    module = model.module if hasattr(model, "module") else model
+    module.eval()
+    for batch in make_loader(s.shards, refs, batches, num_workers=0):
+        if "empty" in batch:
+            continue
+        kl, count, correct = _batch_terms(module, head, batch, s.ttt_steps, draft_ids)
+        totals += torch.stack([torch.stack([x.double() for x in t]) for t in (kl, count, correct)])
+    module.train()
+    if dist.is_initialized():
+        dist.all_reduce(totals)
+    kl, count, correct = totals
+    metrics = {"positions": float(count[0])}
+    for k in range(s.ttt_steps):
+        metrics[f"loss_{k}"] = float(kl[k] / count[k].clamp(min=1))
+        metrics[f"acc_{k}"] = float(correct[k] / count[k].clamp(min=1))
+    return metrics
+
+
+def _rank_world() -> tuple[int, int]:
+    if dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return 0, 1
+
+
+def _checkpoints(directory: Path) -> list[Path]:
+    return sorted(directory.glob("step-*.pt"))
+
+
+def save_checkpoint(directory: Path, step: int, model, optimizer, fingerprint: str) -> Path:
+    state = {
+        "step": step,
+        "fingerprint": fingerprint,
+        "model": (model.module if hasattr(model, "module") else model).state_dict(),
+        "optimizer": optimizer.state_dict(),
+    }
+    path = directory / f"step-{step:07d}.pt"
+    with atomic_output(path) as tmp:
+        torch.save(state, tmp)
+    for old in _checkpoints(directory)[:-KEEP_CHECKPOINTS]:
+        old.unlink()
+    return path
+
+
+def latest_checkpoint(directory: Path, fingerprint: str) -> dict | None:
+    """The newest readable checkpoint of this exact training run, if any."""
+    for path in reversed(_checkpoints(directory)):
+        try:
+            state = torch.load(path, map_location="cpu", weights_only=True)
+        except Exception as err:  # a checkpoint cut short is skipped, the older one used
+            log.warning("skipping unreadable checkpoint %s: %s", path, err)
+            continue
+        if state.get("fingerprint") == fingerprint:
+            state["path"] = str(path)
+            return state
+        log.info("ignoring checkpoint %s of other settings or data", path)
+    return None
+
+
+class MetricsLog:
+    """Per-position metrics as TSV: one row per logged step and split."""
+
+    def __init__(self, path: Path, ttt_steps: int, resume_step: int) -> None:
+        self.path = path
+        self.columns = ["step", "split", "lr", "loss", "tokens_per_s"] + [
+            f"{kind}_{k}" for kind in ("loss", "acc") for k in range(ttt_steps)
+        ]
+        rows = []
+        if resume_step and path.is_file():  # keep the rows the resumed run already logged
+            with path.open() as f:
+                rows = list(csv.DictReader(f, delimiter="\t"))
+            rows = [row for row in rows if int(row["step"]) <= resume_step]
+        with path.open("w", newline="") as f:
+            writer = csv.DictWriter(f, self.columns, delimiter="\t")
+            writer.writeheader()
+            writer.writerows(rows)
+
+    def write(self, row: dict) -> None:
+        with self.path.open("a", newline="") as f:
+            csv.DictWriter(f, self.columns, delimiter="\t", extrasaction="ignore").writerow(
+                {k: (f"{v:.6g}" if isinstance(v, float) else v) for k, v in row.items()}
+            )
+
+
+def train_drafter(s: TrainSettings) -> dict[str, float]:
+    """Train (or resume) and export; returns the final held-out metrics."""
+    if s.threads:
+        torch.set_num_threads(s.threads)
+    rank, world = _rank_world()
+    torch.manual_seed(s.seed)
+    first = open_shard(s.shards[0])
+    aux_ids = list(first.attrs["aux_layer_ids"])
+    for path in s.shards[1:]:
+        if list(open_shard(path).attrs["aux_layer_ids"]) != aux_ids:
+            raise InputError(f"{path}: aux layer ids differ from {s.shards[0]}'s {aux_ids}")
+    d2t, t2d = load_vocab_map(s.vocab)
+    draft_ids = draft_to_target_ids(d2t)
+    cfg = DrafterConfig.from_target(s.target, draft_vocab_size=len(d2t), num_aux=len(aux_ids))
+    head = load_target_head(s.target)
+    model = Eagle3Drafter(cfg, d2t, t2d)
+    optimizer = torch.optim.AdamW(
+        model.parameters(), lr=s.learning_rate, weight_decay=s.weight_decay, betas=(0.9, 0.95)
+    )
+    checkpoint_dir = Path(s.checkpoint_dir)
+    checkpoint_dir.mkdir(parents=True, exist_ok=True)
+    fingerprint = s.fingerprint()
+    state = latest_checkpoint(checkpoint_dir, fingerprint)
+    start = 0
+    if state:
+        model.load_state_dict(state["model"])
+        optimizer.load_state_dict(state["optimizer"])
+        start = state["step"]
+        log.info("resuming from checkpoint %s at step %d of %d", state["path"], start, s.steps)
+    else:
+        for stale in _checkpoints(checkpoint_dir):
+            stale.unlink()
+        log.info("starting from step 0 of %d (no checkpoint of this run)", s.steps)
+    if world > 1:
+        model = torch.nn.parallel.DistributedDataParallel(model)
+
+    refs = list_samples(s.shards, s.heldout_fraction, "train")
+    if not refs:
+        raise InputError("no training samples: every sample fell into the held-out split")
+    batches = TrainBatches(
+        refs,
+        batch_tokens=s.batch_tokens,
+        seed=s.seed,
+        start_step=start,
+        num_steps=s.steps,
+        rank=rank,
+        world=world,
+    )
+    loader = make_loader(s.shards, refs, batches, num_workers=s.num_workers)
+    metrics_log = MetricsLog(Path(s.metrics), s.ttt_steps, start) if rank == 0 else None
+    weights = [s.step_weight**k for k in range(s.ttt_steps)]
+    progress = tqdm(
+        total=s.steps,
+        initial=start,
+        desc="train drafter",
+        unit="step",
+        disable=rank != 0,
+        dynamic_ncols=True,
+        mininterval=1.0,
+    )
+    step, window_tokens, window_start = start, 0, time.perf_counter()
+    for batch in loader:
+        for group in optimizer.param_groups:
+            group["lr"] = lr_at(step, s)
+        if "empty" in batch:  # this rank got no sample of a tiny global batch: zero grads
+            kl = [p.sum() * 0 for p in model.parameters()][:1] * s.ttt_steps
+            count = correct = [torch.tensor(0)] * s.ttt_steps
+            tokens = 0
+        else:
+            kl, count, correct = _batch_terms(model, head, batch, s.ttt_steps, draft_ids)
+            tokens = int(batch["input_ids"].ne(0).sum())
+        totals = _all_sum([*count, *correct, torch.tensor(tokens)])
+        global_count = totals[: s.ttt_steps].clamp(min=1)
+        # DDP averages gradients over ranks: scale by world so the sum over ranks is exact.
+        terms = zip(weights, kl, global_count.float(), strict=True)
+        loss = sum(w * kl_k / count_k for w, kl_k, count_k in terms) * world
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), s.grad_clip)
+        optimizer.step()
+        step += 1
+        window_tokens += int(totals[-1])
+        global_loss = _all_sum([loss.detach() / world])[0]
+        progress.update(1)
+        if metrics_log and (step % 10 == 0 or step == s.steps):
+            elapsed = time.perf_counter() - window_start
+            acc = totals[s.ttt_steps : 2 * s.ttt_steps] / global_count
+            row = {
+                "step": step,
+                "split": "train",
+                "lr": lr_at(step - 1, s),
+                "loss": float(global_loss),
+                "tokens_per_s": window_tokens / elapsed,
+            }
+            row.update({f"acc_{k}": float(acc[k]) for k in range(s.ttt_steps)})
+            metrics_log.write(row)
+            progress.set_postfix(
+                loss=f"{float(global_loss):.3f}",
+                acc0=f"{float(acc[0]):.3f}",
+                tok_s=f"{window_tokens / elapsed:.0f}",
+            )
+            window_tokens, window_start = 0, time.perf_counter()
+        if step % s.checkpoint_every == 0 and step < s.steps and rank == 0:
+            save_checkpoint(checkpoint_dir, step, model, optimizer, fingerprint)
+        if s.eval_every and step % s.eval_every == 0 and step < s.steps:
+            _log_eval(model, head, s, draft_ids, step, metrics_log)
+    progress.close()
+    final = _log_eval(model, head, s, draft_ids, step, metrics_log)
+    if rank == 0:
+        module = model.module if hasattr(model, "module") else model
+        export_vllm(module, aux_ids, s.out_vllm)
+        export_speculators(
+            module,
+            aux_ids,
+            s.out_speculators,
+            target=s.target,
+            num_speculative_tokens=s.num_speculative_tokens,
+        )
+        save_checkpoint(checkpoint_dir, step, model, optimizer, fingerprint)
+    return final
+
+
+def _log_eval(model, head, s, draft_ids, step, metrics_log) -> dict[str, float]:
+    metrics = evaluate(model, head, s, draft_ids)
+    if metrics_log and metrics:
+        loss = sum(s.step_weight**k * metrics[f"loss_{k}"] for k in range(s.ttt_steps))
+        metrics_log.write({"step": step, "split": "heldout", "loss": loss, **metrics})
+        log.info(
+            "step %d held-out (%d positions): %s",
+            step,
+            metrics["positions"],
+            " ".join(f"acc_{k}={metrics[f'acc_{k}']:.3f}" for k in range(s.ttt_steps)),
+        )
+    return metrics
+
+
+@contextlib.contextmanager
+def _distributed() -> None:
+    """Join the torchrun process group when launched by torchrun (gloo on CPU, nccl on GPU)."""
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
+        try:
+            yield
+        finally:
+            dist.destroy_process_group()
+    else:
+        yield
+
+
+def run_training(s: TrainSettings, *, nproc: int = 1, log_path: str | None = None) -> None:
+    """Train in this process, or in `nproc` processes under torchrun."""
+    if nproc == 1:
+        train_drafter(s)
+        return
+    threads = max(1, (s.threads or os.cpu_count() or 1) // nproc)
+    with tempfile.TemporaryDirectory() as tmp:
+        settings_file = Path(tmp) / "settings.json"
+        settings_file.write_text(json.dumps(asdict(s) | {"threads": threads}))
+        command = [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            f"--nproc_per_node={nproc}",
+            "-m",
+            "eagleflow.train",
+            str(settings_file),
+        ]
+        env = os.environ | {"OMP_NUM_THREADS": str(threads), "EAGLEFLOW_TRAIN_LOG": log_path or ""}
+        subprocess.run(command, check=True, env=env)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """`python -m eagleflow.train SETTINGS.json` (also under torchrun)."""
+    args = argv if argv is not None else sys.argv[1:]
+    settings = TrainSettings(**json.loads(Path(args[0]).read_text()))
+    handlers: list[logging.Handler] = [logging.StreamHandler(sys.stderr)]
+    if os.environ.get("EAGLEFLOW_TRAIN_LOG") and int(os.environ.get("RANK", "0")) == 0:
+        handlers.append(logging.FileHandler(os.environ["EAGLEFLOW_TRAIN_LOG"], mode="a"))
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(name)s %(message)s", handlers=handlers
+    )
+    with _distributed():
+        train_drafter(settings)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,14 @@
+"""Snakemake entry: loss-masked token counts of one shard (see eagleflow.vocab)."""
+
+from eagleflow.logs import exit_on_input_error, setup_job_logging
+from eagleflow.vocab import count_tokens, target_vocab_rows, write_counts
+
+log = setup_job_logging(snakemake.log[0])
+with exit_on_input_error(log):
+    counts = count_tokens(
+        snakemake.input.tokens,
+        target_vocab_rows(snakemake.input.model),
+        snakemake.params.heldout_fraction,
+    )
+    write_counts(snakemake.output[0], counts)
+log.info("loss tokens: %s", {split: int(c.sum()) for split, c in counts.items()})

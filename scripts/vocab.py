@@ -1,0 +1,16 @@
+"""Snakemake entry: the draft vocab map and its coverage report (see eagleflow.vocab)."""
+
+from eagleflow.logs import exit_on_input_error, setup_job_logging
+from eagleflow.vocab import build_vocab
+
+log = setup_job_logging(snakemake.log[0])
+with exit_on_input_error(log):
+    report = build_vocab(
+        snakemake.input.counts,
+        snakemake.input.model,
+        snakemake.output.vocab,
+        snakemake.output.report,
+        draft_vocab_size=snakemake.params.draft_vocab_size,
+        reuse=snakemake.params.reuse,
+    )
+log.info("%s", report)

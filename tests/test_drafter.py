@@ -1,0 +1,238 @@
+"""Drafter model, vocab map, loader order and exports, without Snakemake."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from safetensors import safe_open
+
+from eagleflow.drafter import DrafterConfig, Eagle3Drafter, rotate
+from eagleflow.export import export_speculators, export_vllm
+from eagleflow.loader import SampleRef, TrainBatches, epoch_order, pack_batches
+from eagleflow.logs import InputError
+from eagleflow.train import TrainSettings, lr_at, ttt_terms
+from eagleflow.vocab import (
+    build_vocab_map,
+    check_vocab_map,
+    coverage,
+    draft_to_target_ids,
+    resolve_draft_vocab_size,
+)
+
+CFG = DrafterConfig(
+    hidden_size=32,
+    intermediate_size=64,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=8,
+    rms_norm_eps=1e-6,
+    rope_theta=10000.0,
+    max_position_embeddings=256,
+    vocab_size=50,
+    draft_vocab_size=20,
+    num_aux=3,
+    target_hidden_size=32,
+)
+
+
+def small_drafter(seed: int = 0) -> tuple[Eagle3Drafter, torch.nn.Embedding]:
+    torch.manual_seed(seed)
+    counts = np.random.default_rng(seed).integers(0, 100, CFG.vocab_size)
+    d2t, t2d = build_vocab_map(counts, CFG.draft_vocab_size)
+    model = Eagle3Drafter(CFG, d2t, t2d)
+    for p in model.parameters():  # away from the ones-init of the norms
+        p.data.add_(0.1 * torch.randn_like(p))
+    return model.double(), torch.nn.Embedding(CFG.vocab_size, CFG.hidden_size).double()
+
+
+def reference_chain(model, embed, aux, ids, slot: int, steps: int) -> list[torch.Tensor]:
+    """Drafts of one slot computed as vLLM's proposer does, one token at a time: step 0 over
+    slots 0..slot (its keys are the context), then each chain step at position slot+k, attending
+    to that context plus the chain's own earlier steps. No masks, no batching."""
+    layer, attn = model.midlayer, model.midlayer.self_attn
+    heads, kv_heads, dim = CFG.num_attention_heads, CFG.num_key_value_heads, CFG.head_dim
+
+    def run(token: int, hidden: torch.Tensor, position: int, keys: list, values: list):
+        x = torch.cat([layer.input_layernorm(embed.weight[token]), layer.hidden_norm(hidden)])
+        pos = torch.tensor([position])
+        q = rotate(attn.q_proj(x).view(1, heads, 1, dim), pos, CFG.rope_theta)[0, :, 0]
+        k = rotate(attn.k_proj(x).view(1, kv_heads, 1, dim), pos, CFG.rope_theta)[0, :, 0]
+        v = attn.v_proj(x).view(kv_heads, dim)
+        keys, values = [*keys, k], [*values, v]
+        rep = heads // kv_heads
+        K = torch.stack(keys).repeat_interleave(rep, 1)  # [n, heads, dim]
+        V = torch.stack(values).repeat_interleave(rep, 1)
+        weights = torch.softmax((K * q).sum(-1) / math.sqrt(dim), 0)  # [n, heads]
+        out = (weights[..., None] * V).sum(0).reshape(-1)
+        residual = hidden + attn.o_proj(out)
+        new_hidden = residual + layer.mlp(layer.post_attention_layernorm(residual))
+        return new_hidden, k, v
+
+    fused = model.fc(aux)
+    context_k, context_v = [], []
+    for t in range(slot + 1):  # step 0: each slot attends to slots <= t
+        hidden, k, v = run(int(ids[t + 1]), fused[t], t, context_k, context_v)
+        context_k.append(k)
+        context_v.append(v)
+    logits = [model.lm_head(model.norm(hidden))]
+    keys, values = list(context_k), list(context_v)
+    for step in range(1, steps):
+        hidden, k, v = run(int(ids[slot + 1 + step]), hidden, slot + step, keys, values)
+        keys.append(k)
+        values.append(v)
+        logits.append(model.lm_head(model.norm(hidden)))
+    return logits
+
+
+def test_training_time_test_equals_the_served_chain() -> None:
+    model, embed = small_drafter()
+    length, steps = 12, 4
+    aux = torch.randn(1, length, 3 * CFG.hidden_size, dtype=torch.double)
+    ids = torch.randint(0, CFG.vocab_size, (1, length))
+    logits = model(aux, ids, embed, steps)
+    for slot in (0, 3, length - 1 - steps):
+        reference = reference_chain(model, embed, aux[0], ids[0], slot, steps)
+        for step in range(steps):
+            torch.testing.assert_close(logits[step][0, slot], reference[step])
+
+
+def test_ttt_terms_mask_prompt_and_out_of_vocab_positions() -> None:
+    length, vocab = 8, 5
+    loss_mask = torch.tensor([[False, False, False, True, True, True, True, False]])
+    teacher = torch.log_softmax(torch.randn(1, length, vocab), -1)
+    in_draft = torch.ones(1, length, dtype=torch.bool)
+    in_draft[0, 5] = False
+    logits = [torch.randn(1, length, vocab) for _ in range(2)]
+    kl, counts, correct = ttt_terms(logits, teacher, in_draft, loss_mask)
+    # step 0: slot t counts if tokens t+1, t+2 are assistant and teacher t+1 in vocab:
+    # t=2 (3,4), t=3 (4,5), t=4 (teacher 5 out of vocab: no), t=5 (6, 7 not assistant: no)
+    assert counts[0].item() == 2
+    # step 1: tokens t+2, t+3 assistant, teacher t+2 in vocab: t=1 (3,4), t=2 (4,5); t=3 no
+    assert counts[1].item() == 2
+    assert all(k.item() >= 0 for k in kl) and all(c <= n for c, n in zip(correct, counts))
+    # A drafter whose slot t equals the teacher of position t+1+k: zero loss, full accuracy.
+    perfect = [teacher.roll(-1 - step, dims=1) for step in range(2)]
+    kl, counts, correct = ttt_terms(perfect, teacher, in_draft, loss_mask)
+    assert abs(kl[0].item()) < 1e-5 and correct[0] == counts[0]
+
+
+def test_vocab_map_is_top_ids_ascending_with_offsets() -> None:
+    counts = np.array([5, 0, 9, 9, 1, 7, 0, 3])
+    d2t, t2d = build_vocab_map(counts, 4)
+    assert draft_to_target_ids(d2t).tolist() == [0, 2, 3, 5]
+    assert d2t.dtype == torch.int64 and d2t.tolist() == [0, 1, 1, 2]
+    assert t2d.tolist() == [True, False, True, True, False, True, False, False]
+    assert coverage(counts, t2d) == pytest.approx(30 / 34)
+    check_vocab_map(d2t, t2d, 8, "test")
+    with pytest.raises(InputError, match="t2d has 8 entries but the target has 9"):
+        check_vocab_map(d2t, t2d, 9, "vocab.reuse: old")
+    with pytest.raises(InputError, match=r"vocab.draft_vocab_size: 9 is outside \[1, 8\]"):
+        resolve_draft_vocab_size(9, 8)
+    assert resolve_draft_vocab_size(None, 1600) == 800
+    assert resolve_draft_vocab_size(None, 163840) == 32000
+
+
+def test_global_batches_do_not_depend_on_process_count_and_resume_exactly() -> None:
+    rng = np.random.default_rng(0)
+    refs = [SampleRef(i % 3, i, int(n)) for i, n in enumerate(rng.integers(20, 200, 300))]
+    one = list(TrainBatches(refs, batch_tokens=1000, seed=1, num_steps=80))
+    rank0 = list(TrainBatches(refs, batch_tokens=1000, seed=1, num_steps=80, rank=0, world=2))
+    rank1 = list(TrainBatches(refs, batch_tokens=1000, seed=1, num_steps=80, rank=1, world=2))
+    assert [sorted(a + b) for a, b in zip(rank0, rank1)] == [sorted(b) for b in one]
+    resumed = list(TrainBatches(refs, batch_tokens=1000, seed=1, start_step=50, num_steps=80))
+    assert resumed == one[50:]
+    assert len(one) == 80  # runs on past the first epoch
+    order = epoch_order(refs, seed=1, epoch=0)
+    assert sorted(order) == list(range(300)) and order != epoch_order(refs, seed=1, epoch=1)
+    for batch in pack_batches(refs, order, 1000):
+        assert len(batch) == 1 or sum(refs[i].num_tokens for i in batch) <= 1000
+
+
+def test_learning_rate_warms_up_then_decays_to_the_floor() -> None:
+    s = TrainSettings(
+        shards=[], vocab="", target="", out_vllm="", out_speculators="", metrics="",
+        checkpoint_dir="", steps=100, learning_rate=1.0, warmup_steps=10, min_lr_ratio=0.1,
+    )  # fmt: skip
+    assert lr_at(0, s) == pytest.approx(0.1) and lr_at(9, s) == pytest.approx(1.0)
+    assert lr_at(99, s) == pytest.approx(0.1, abs=1e-3)
+    assert all(lr_at(i, s) >= lr_at(i + 1, s) for i in range(10, 99))
+
+
+# What vLLM's Eagle3LlamaForCausalLM (vllm/model_executor/models/llama_eagle3.py, 0.32.0) and
+# SGLang's LlamaForCausalLMEagle3 (python/sglang/srt/models/llama_eagle3.py) read: the config
+# keys, and per weight name its shape as a function of the config (dtype bf16 unless noted).
+EAGLE3_CONFIG_KEYS = {
+    "architectures": ["LlamaForCausalLMEagle3"],
+    "model_type": "llama",
+    "num_hidden_layers": 1,
+    "norm_before_residual": False,
+    "tie_word_embeddings": False,
+}
+
+
+def expected_weights(c: dict) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
+    h, heads, kv, dim = c["hidden_size"], c["num_attention_heads"], c["num_key_value_heads"], c[
+        "head_dim"
+    ]
+    inter, aux = c["intermediate_size"], len(c["eagle_aux_hidden_state_layer_ids"])
+    bf16 = torch.bfloat16
+    return {
+        "fc.weight": ((h, aux * c["target_hidden_size"]), bf16),
+        "midlayer.input_layernorm.weight": ((h,), bf16),
+        "midlayer.hidden_norm.weight": ((h,), bf16),
+        "midlayer.post_attention_layernorm.weight": ((h,), bf16),
+        "midlayer.self_attn.q_proj.weight": ((heads * dim, 2 * h), bf16),
+        "midlayer.self_attn.k_proj.weight": ((kv * dim, 2 * h), bf16),
+        "midlayer.self_attn.v_proj.weight": ((kv * dim, 2 * h), bf16),
+        "midlayer.self_attn.o_proj.weight": ((h, heads * dim), bf16),
+        "midlayer.mlp.gate_proj.weight": ((inter, h), bf16),
+        "midlayer.mlp.up_proj.weight": ((inter, h), bf16),
+        "midlayer.mlp.down_proj.weight": ((h, inter), bf16),
+        "norm.weight": ((h,), bf16),
+        "lm_head.weight": ((c["draft_vocab_size"], h), bf16),
+        "d2t": ((c["draft_vocab_size"],), torch.int64),
+        "t2d": ((c["vocab_size"],), torch.bool),
+    }
+
+
+def read_weights(path: Path) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
+    with safe_open(str(path), "pt") as f:
+        return {k: (tuple(f.get_tensor(k).shape), f.get_tensor(k).dtype) for k in f.keys()}  # noqa: SIM118
+
+
+def test_exports_conform_to_vllm_sglang_and_speculators_loaders(tmp_path: Path) -> None:
+    model, _ = small_drafter()
+    model = model.float()
+    aux_ids = [2, 4, 6]
+    export_vllm(model, aux_ids, tmp_path / "vllm")
+    config = json.loads((tmp_path / "vllm/config.json").read_text())
+    for key, value in EAGLE3_CONFIG_KEYS.items():
+        assert config[key] == value, key
+    assert config["eagle_aux_hidden_state_layer_ids"] == aux_ids  # vLLM: our ids
+    assert config["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [1, 3, 5]  # SGLang: -1
+    assert config["draft_vocab_size"] == CFG.draft_vocab_size
+    assert config["vocab_size"] == CFG.vocab_size  # the target's rows, not the draft's
+    assert config["target_hidden_size"] == CFG.target_hidden_size
+    weights = read_weights(tmp_path / "vllm/model.safetensors")
+    assert weights == expected_weights(config)  # no embed_tokens, no `model.` prefix
+
+    target = tmp_path / "target"
+    target.mkdir()
+    (target / "config.json").write_text(json.dumps({"architectures": ["LlamaForCausalLM"]}))
+    export_speculators(model, aux_ids, tmp_path / "spec", target=target, num_speculative_tokens=3)
+    spec = json.loads((tmp_path / "spec/config.json").read_text())
+    assert spec["speculators_model_type"] == "eagle3"
+    assert spec["norm_before_residual"] is False  # absent would read as True
+    assert spec["eagle_aux_hidden_state_layer_ids"] == aux_ids
+    assert spec["speculators_config"]["proposal_methods"][0]["speculative_tokens"] == 3
+    layer = spec["transformer_layer_config"]
+    expected = {
+        name.replace("midlayer.", "layers.0."): shape
+        for name, shape in expected_weights(layer | spec).items()
+    }
+    assert read_weights(tmp_path / "spec/model.safetensors") == expected
