@@ -114,7 +114,8 @@ def test_ttt_terms_mask_prompt_and_out_of_vocab_positions() -> None:
     assert counts[0].item() == 2
     # step 1: tokens t+2, t+3 assistant, teacher t+2 in vocab: t=1 (3,4), t=2 (4,5); t=3 no
     assert counts[1].item() == 2
-    assert all(k.item() >= 0 for k in kl) and all(c <= n for c, n in zip(correct, counts))
+    assert all(k.item() >= 0 for k in kl)
+    assert all(c <= n for c, n in zip(correct, counts, strict=True))
     # A drafter whose slot t equals the teacher of position t+1+k: zero loss, full accuracy.
     perfect = [teacher.roll(-1 - step, dims=1) for step in range(2)]
     kl, counts, correct = ttt_terms(perfect, teacher, in_draft, loss_mask)
@@ -143,7 +144,7 @@ def test_global_batches_do_not_depend_on_process_count_and_resume_exactly() -> N
     one = list(TrainBatches(refs, batch_tokens=1000, seed=1, num_steps=80))
     rank0 = list(TrainBatches(refs, batch_tokens=1000, seed=1, num_steps=80, rank=0, world=2))
     rank1 = list(TrainBatches(refs, batch_tokens=1000, seed=1, num_steps=80, rank=1, world=2))
-    assert [sorted(a + b) for a, b in zip(rank0, rank1)] == [sorted(b) for b in one]
+    assert [sorted(a + b) for a, b in zip(rank0, rank1, strict=True)] == [sorted(b) for b in one]
     resumed = list(TrainBatches(refs, batch_tokens=1000, seed=1, start_step=50, num_steps=80))
     assert resumed == one[50:]
     assert len(one) == 80  # runs on past the first epoch
@@ -176,9 +177,12 @@ EAGLE3_CONFIG_KEYS = {
 
 
 def expected_weights(c: dict) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
-    h, heads, kv, dim = c["hidden_size"], c["num_attention_heads"], c["num_key_value_heads"], c[
-        "head_dim"
-    ]
+    h, heads, kv, dim = (
+        c["hidden_size"],
+        c["num_attention_heads"],
+        c["num_key_value_heads"],
+        c["head_dim"],
+    )
     inter, aux = c["intermediate_size"], len(c["eagle_aux_hidden_state_layer_ids"])
     bf16 = torch.bfloat16
     return {
@@ -202,7 +206,7 @@ def expected_weights(c: dict) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
 
 def read_weights(path: Path) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
     with safe_open(str(path), "pt") as f:
-        return {k: (tuple(f.get_tensor(k).shape), f.get_tensor(k).dtype) for k in f.keys()}  # noqa: SIM118
+        return {k: (tuple(f.get_tensor(k).shape), f.get_tensor(k).dtype) for k in f.keys()}
 
 
 def test_exports_conform_to_vllm_sglang_and_speculators_loaders(tmp_path: Path) -> None:
