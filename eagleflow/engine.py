@@ -10,6 +10,14 @@ if TYPE_CHECKING:
 # On CPU, gpu_memory_utilization is the fraction of RAM reserved for the KV cache.
 CPU_MEMORY_FRACTION = 0.1
 GPU_MEMORY_FRACTION = 0.9
+BLAS_THREAD_VARIABLES = (
+    "OMP_NUM_THREADS",
+    "GOTO_NUM_THREADS",
+    "OPENBLAS_NUM_THREADS",
+    "MKL_NUM_THREADS",
+    "VECLIB_MAXIMUM_THREADS",
+    "NUMEXPR_NUM_THREADS",
+)
 
 
 def memory_fraction() -> float:
@@ -32,6 +40,12 @@ def build_llm(
     import vllm
     from vllm.platforms import current_platform
 
+    if current_platform.is_cpu():
+        # vLLM pins its CPU worker's OpenMP threads to the cores it reserves. Thread counts that
+        # Snakemake exports for a job (`threads:`) would oversubscribe those cores: generation
+        # ran 40x slower with MKL_NUM_THREADS=2 and friends set in the worker's environment.
+        for name in BLAS_THREAD_VARIABLES:
+            os.environ.pop(name, None)
     settings: dict[str, Any] = {
         "model": str(model_dir),
         "seed": seed,

@@ -59,6 +59,7 @@ class TrainSettings:
     seed: int = 0
     checkpoint_every: int = 200
     eval_every: int = 500
+    log_every: int = 10
     num_workers: int = 1
     num_speculative_tokens: int = 3
     threads: int = 0  # torch threads per process; 0 = leave torch's choice
@@ -302,8 +303,9 @@ def train_drafter(s: TrainSettings) -> dict[str, float]:
     for batch in loader:
         for group in optimizer.param_groups:
             group["lr"] = lr_at(step, s)
-        if "empty" in batch:  # this rank got no sample of a tiny global batch: zero grads
-            kl = [p.sum() * 0 for p in model.parameters()][:1] * s.ttt_steps
+        if "empty" in batch:  # no sample for this rank in a tiny global batch: zero gradients
+            zero = sum(p.sum() for p in model.parameters()) * 0.0  # DDP needs every parameter
+            kl = [zero] * s.ttt_steps
             count = correct = [torch.tensor(0)] * s.ttt_steps
             tokens = 0
         else:
@@ -322,7 +324,7 @@ def train_drafter(s: TrainSettings) -> dict[str, float]:
         window_tokens += int(totals[-1])
         global_loss = _all_sum([loss.detach() / world])[0]
         progress.update(1)
-        if metrics_log and (step % 10 == 0 or step == s.steps):
+        if metrics_log and (step % s.log_every == 0 or step == s.steps):
             elapsed = time.perf_counter() - window_start
             acc = totals[s.ttt_steps : 2 * s.ttt_steps] / global_count
             row = {

@@ -1,0 +1,79 @@
+"""Serve the target with the trained drafter in vLLM (method eagle3) and read its acceptance.
+
+Acceptance length counts the bonus token: 1 + accepted / drafts. vLLM counts drafts accepted
+after the end-of-turn token too (they are counted before the output is truncated).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class Acceptance:
+    drafts: int
+    draft_tokens: int
+    accepted_tokens: int
+    accepted_per_position: list[int]
+
+    @property
+    def mean_acceptance_length(self) -> float:
+        return 1.0 + self.accepted_tokens / self.drafts if self.drafts else float("nan")
+
+    @property
+    def per_position_rate(self) -> list[float]:
+        return [a / self.drafts if self.drafts else float("nan") for a in self.accepted_per_position]
+
+
+def spec_decode_counters(metrics: list) -> Acceptance:
+    """Sum vLLM's `vllm:spec_decode_*` counters (over engines/labels) from `llm.get_metrics()`."""
+    totals = {"drafts": 0, "draft_tokens": 0, "accepted_tokens": 0}
+    per_position: list[int] = []
+    for metric in metrics:
+        name = metric.name.removeprefix("vllm:spec_decode_num_")
+        if name in totals:
+            totals[name] += int(metric.value)
+        elif name == "accepted_tokens_per_pos":
+            values = list(metric.values)
+            per_position = [
+                a + b
+                for a, b in zip(
+                    per_position + [0] * (len(values) - len(per_position)), values, strict=True
+                )
+            ]
+    return Acceptance(**totals, accepted_per_position=per_position)
+
+
+def generate_with_drafter(
+    target: str | Path,
+    drafter: str | Path,
+    prompt_token_ids: list[list[int]],
+    *,
+    num_speculative_tokens: int,
+    max_tokens: int,
+    max_model_len: int = 1024,
+    seed: int = 0,
+) -> tuple[list[list[int]], Acceptance]:
+    """Greedy generation with EAGLE-3 drafting; returns the output ids and the acceptance."""
+    from vllm import SamplingParams, TokensPrompt
+
+    from eagleflow.engine import build_llm
+
+    llm = build_llm(
+        target,
+        seed=seed,
+        max_model_len=max_model_len,
+        disable_log_stats=False,
+        speculative_config={
+            "method": "eagle3",
+            "model": str(drafter),
+            "num_speculative_tokens": num_speculative_tokens,
+        },
+    )
+    sampling = SamplingParams(temperature=0.0, max_tokens=max_tokens, seed=seed)
+    prompts = [TokensPrompt(prompt_token_ids=ids) for ids in prompt_token_ids]
+    outputs = llm.generate(prompts, sampling, use_tqdm=False)
+    acceptance = spec_decode_counters(llm.get_metrics())
+    del llm
+    return [list(out.outputs[0].token_ids) for out in outputs], acceptance
