@@ -23,7 +23,8 @@ class Acceptance:
 
     @property
     def per_position_rate(self) -> list[float]:
-        return [a / self.drafts if self.drafts else float("nan") for a in self.accepted_per_position]
+        drafts = self.drafts or float("nan")
+        return [accepted / drafts for accepted in self.accepted_per_position]
 
 
 def spec_decode_counters(metrics: list) -> Acceptance:
@@ -36,12 +37,8 @@ def spec_decode_counters(metrics: list) -> Acceptance:
             totals[name] += int(metric.value)
         elif name == "accepted_tokens_per_pos":
             values = list(metric.values)
-            per_position = [
-                a + b
-                for a, b in zip(
-                    per_position + [0] * (len(values) - len(per_position)), values, strict=True
-                )
-            ]
+            per_position += [0] * (len(values) - len(per_position))
+            per_position = [a + b for a, b in zip(per_position, values, strict=True)]
     return Acceptance(**totals, accepted_per_position=per_position)
 
 
