@@ -190,7 +190,8 @@ class Eagle3Drafter(nn.Module):
     def forward(
         self, aux: torch.Tensor, input_ids: torch.Tensor, embed: nn.Embedding, steps: int
     ) -> list[torch.Tensor]:
-        """Draft logits [B, T, Dv] of each chain step; slot t of step k predicts token t+2+k.
+        """Pre-norm outputs [B, T, H] of each chain step; slot t of step k predicts token t+2+k
+        (its logits: `self.logits(output)`, computed by the loss only where it counts).
 
         aux [B, T, A*H] from the target; input_ids [B, T]; `embed` the frozen target embedding.
         Tokens past the end are padded with id 0: their slots are masked by the loss.
@@ -198,14 +199,18 @@ class Eagle3Drafter(nn.Module):
         length = input_ids.shape[1]
         hidden = self.fc(aux)
         cache: list[tuple[torch.Tensor, ...]] = []
-        logits = []
+        outputs = []
         for step in range(steps):
             shift = 1 + step
             tokens = F.pad(input_ids[:, shift:], (0, min(shift, length)))[:, :length]
             positions = torch.arange(length) + step
             hidden = self.midlayer(embed(tokens), hidden, positions, cache)
-            logits.append(self.lm_head(self.norm(hidden)))
-        return logits
+            outputs.append(hidden)
+        return outputs
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Draft-vocab logits of pre-norm outputs."""
+        return self.lm_head(self.norm(hidden))
 
 
 class TargetHead(nn.Module):

@@ -2,10 +2,11 @@
 
 The order of samples is a pure function of (seed, epoch) and never of the number of processes:
 each epoch shuffles windows of consecutive samples (so a zarr chunk, which holds several samples,
-is decoded about once) across all shards, then shuffles samples inside groups of windows. Global
-batches are packed from that order by a token budget; DDP rank r takes every world-th sample of
-each global batch. So one process and N processes see the same global batches, and a resumed run
-continues exactly where the killed one stopped (the batch of step s is known without reading data).
+is decoded about once) across all shards, then shuffles samples inside groups of windows.
+Global batches of similar-length samples are packed from that order by a padded-token budget;
+DDP rank r takes every world-th sample of each global batch. So one process and N processes
+see the same global batches, and a resumed run continues exactly where the killed one stopped
+(the batch of step s is known without reading data).
 Worker processes decode the samples; memory is bounded by workers x prefetch x batch.
 """
 
@@ -24,6 +25,7 @@ from eagleflow.split import is_heldout
 
 WINDOW = 8  # consecutive samples kept together: a chunk's worth on small targets
 SHUFFLE_GROUP = 32  # windows whose samples are shuffled together
+LENGTH_GROUP = 1024  # samples sorted by length together, to pack batches with little padding
 
 
 @dataclass(frozen=True)
@@ -59,20 +61,26 @@ def epoch_order(refs: Sequence[SampleRef], seed: int, epoch: int) -> list[int]:
 
 
 def pack_batches(
-    refs: Sequence[SampleRef], order: Sequence[int], batch_tokens: int
+    refs: Sequence[SampleRef], order: Sequence[int], batch_tokens: int, seed: int = 0
 ) -> list[list[int]]:
-    """Global batches of whole samples with at most `batch_tokens` tokens (at least one)."""
+    """Global batches whose padded size (samples x longest) stays within `batch_tokens`.
+
+    Samples are sorted by length inside groups of the shuffled order, so a batch holds samples
+    of similar length (little padding); the batches are then shuffled (seeded) so lengths do
+    not drift through the epoch. A sample longer than the budget gets a batch of its own.
+    """
     batches: list[list[int]] = []
-    current: list[int] = []
-    tokens = 0
-    for i in order:
-        if current and tokens + refs[i].num_tokens > batch_tokens:
+    for g in range(0, len(order), LENGTH_GROUP):
+        group = sorted(order[g : g + LENGTH_GROUP], key=lambda i: refs[i].num_tokens)
+        current: list[int] = []
+        for i in group:  # ascending: sample i is the longest of the batch so far
+            if current and (len(current) + 1) * refs[i].num_tokens > batch_tokens:
+                batches.append(current)
+                current = []
+            current.append(i)
+        if current:
             batches.append(current)
-            current, tokens = [], 0
-        current.append(i)
-        tokens += refs[i].num_tokens
-    if current:
-        batches.append(current)
+    random.Random(f"{seed}:batches:{len(order)}").shuffle(batches)
     return batches
 
 
@@ -96,9 +104,8 @@ class TrainBatches(Sampler[list[int]]):
     def global_batches(self) -> Iterator[list[int]]:
         epoch = 0
         while True:
-            yield from pack_batches(
-                self.refs, epoch_order(self.refs, self.seed, epoch), self.batch_tokens
-            )
+            order = epoch_order(self.refs, self.seed, epoch)
+            yield from pack_batches(self.refs, order, self.batch_tokens, seed=self.seed + epoch)
             epoch += 1
 
     def __iter__(self) -> Iterator[list[int]]:

@@ -18,6 +18,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -101,7 +102,8 @@ def _shift(x: torch.Tensor, by: int) -> torch.Tensor:
 
 
 def ttt_terms(
-    draft_logits: list[torch.Tensor],
+    draft_outputs: list[torch.Tensor],
+    to_logits: Callable[[torch.Tensor], torch.Tensor],
     teacher_logp: torch.Tensor,
     argmax_in_draft: torch.Tensor,
     loss_mask: torch.Tensor,
@@ -110,14 +112,15 @@ def ttt_terms(
 
     Slot t of step k predicts token t+2+k with the teacher of position t+1+k. It counts when that
     token and the input token t+1+k are both assistant tokens (drafting starts at the last prompt
-    position) and the target's argmax lies in the draft vocab.
+    position) and the target's argmax lies in the draft vocab. Logits are computed for those
+    slots only.
     """
     kl_sums, counts, correct = [], [], []
-    for step, logits in enumerate(draft_logits):
+    for step, outputs in enumerate(draft_outputs):
         valid = _shift(loss_mask, 1 + step) & _shift(loss_mask, 2 + step)
         valid &= _shift(argmax_in_draft, 1 + step)
         teacher = _shift(teacher_logp, 1 + step)[valid]
-        draft_logp = torch.log_softmax(logits[valid].float(), -1)
+        draft_logp = torch.log_softmax(to_logits(outputs[valid]).float(), -1)
         kl = (teacher.exp() * (teacher - draft_logp)).sum(-1)
         kl_sums.append(kl.sum())
         counts.append(valid.sum())
@@ -143,8 +146,9 @@ def lr_at(step: int, s: TrainSettings) -> float:
 
 def _batch_terms(model, head: TargetHead, batch: dict, steps: int, draft_ids: torch.Tensor):
     teacher_logp, argmax_in_draft = head.teacher(batch["last"], draft_ids)
-    logits = model(batch["aux"].float(), batch["input_ids"], head.embed, steps)
-    return ttt_terms(logits, teacher_logp, argmax_in_draft, batch["loss_mask"])
+    outputs = model(batch["aux"].float(), batch["input_ids"], head.embed, steps)
+    module = model.module if hasattr(model, "module") else model
+    return ttt_terms(outputs, module.logits, teacher_logp, argmax_in_draft, batch["loss_mask"])
 
 
 @torch.no_grad()

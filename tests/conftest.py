@@ -75,9 +75,10 @@ def demo_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return workdir
 
 
-def run_and_kill(workdir: Path, wait_for: Path, *args: str, delay_s: float = 5.0) -> None:
+def run_and_kill(workdir: Path, wait_for: str, *args: str, delay_s: float = 5.0) -> None:
     """Start the workflow one job at a time, then SIGKILL it and every process it started
-    (engines included) `delay_s` after `wait_for` appears: a crash in the middle of a job."""
+    (engines included) `delay_s` after a file matching the glob `wait_for` (relative to
+    `workdir`) appears: a crash in the middle of a job."""
     cmd = [
         sys.executable, "-m", "snakemake",
         "--snakefile", str(REPO / "Snakefile"),
@@ -93,7 +94,7 @@ def run_and_kill(workdir: Path, wait_for: Path, *args: str, delay_s: float = 5.0
         stderr=subprocess.DEVNULL,
     )
     deadline = time.monotonic() + 900
-    while not wait_for.exists():
+    while not list(workdir.glob(wait_for)):
         if run.poll() is not None or time.monotonic() > deadline:
             pytest.fail(f"workflow ended or timed out before {wait_for} appeared")
         time.sleep(0.5)

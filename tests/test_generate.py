@@ -48,7 +48,6 @@ def test_in_process_responses_keep_engine_ids_and_thinking(demo_run: Path) -> No
     assert sum(r["response_text"].startswith("<think>") for r in finished) >= 0.9 * len(finished)
 
 
-@pytest.mark.skip(reason="written but not yet seen passing on a clean run; see the open issue")
 def test_server_backend_matches_in_process(demo_run: Path, tmp_path: Path) -> None:
     target = demo_run / "results/demo/target"
     with running_server(target, port=free_port(), log_path=tmp_path / "server.log") as url:
@@ -103,7 +102,6 @@ def test_changed_temperature_reruns_generation_only(demo_run: Path) -> None:
         assert f"rule {upstream}:" not in dry and f"checkpoint {upstream}:" not in dry
 
 
-@pytest.mark.skip(reason="written but not yet seen passing on a clean run; see the open issue")
 @pytest.mark.skipif(sys.platform != "linux", reason="process groups and SIGKILL")
 def test_killed_generation_redoes_only_the_interrupted_shard(
     demo_run: Path, tmp_path: Path
@@ -123,7 +121,7 @@ def test_killed_generation_redoes_only_the_interrupted_shard(
     targets = [f"results/responses/shard-{s['shard']}.jsonl" for s in shards]
     # Killed once the first generate job has finished (Snakemake wrote its benchmark) and the
     # second is running.
-    run_and_kill(tmp_path, tmp_path / "results/benchmarks/generate/shard-00000.tsv", *targets)
+    run_and_kill(tmp_path, "results/benchmarks/generate/*.tsv", *targets, delay_s=3.0)
     done = sorted(p.name for p in out.glob("shard-*.jsonl"))
     assert done and len(done) < len(shards), done
     for shard in shards:  # whatever is under a final name is complete

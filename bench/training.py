@@ -1,0 +1,119 @@
+"""Training input and training speed, side by side in one run.
+
+  (a) our loader: zarr shards streamed by worker processes (eagleflow.loader), the batches the
+      trainer sees;
+  (b) a per-sample loader: the same samples saved one `.pt` file each (bf16 tensors, as the
+      EAGLE reference scripts and SpecForge's offline mode store them) and read with
+      `torch.load`, same batches, same workers, same collation;
+  (c) training steps/s of the drafter on these batches (forward, TTT, backward, AdamW).
+Prints tokens/s of (a) and (b) and their ratio (goal a/b >= 3), then steps/s and tokens/s of (c).
+Both loaders read from the page cache (the files were just written): the ratio measures decode
+and per-file overhead, not the disk; on a cold disk the zarr side also reads ~1.5x fewer bytes.
+
+    .venv/bin/python bench/training.py --results results --steps 60
+"""
+
+from __future__ import annotations
+
+import argparse
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+from eagleflow.loader import TrainBatches, list_samples, make_loader, pad_batch
+from eagleflow.shards import open_shard
+
+
+class PerSampleFiles(Dataset):
+    def __init__(self, files: list[Path]) -> None:
+        self.files = files
+
+    def __len__(self) -> int:
+        return len(self.files)
+
+    def __getitem__(self, i: int) -> dict:
+        return torch.load(self.files[i], weights_only=True)
+
+
+def write_per_sample(shards: list[str], refs, out: Path) -> list[Path]:
+    files = []
+    opened = {}
+    for n, ref in enumerate(refs):
+        shard = opened.setdefault(ref.shard, open_shard(shards[ref.shard]))
+        path = out / f"sample-{n:06d}.pt"
+        torch.save(shard.sample(ref.index), path)
+        files.append(path)
+    return files
+
+
+def drain(loader, steps: int) -> tuple[float, int]:
+    start, tokens = time.perf_counter(), 0
+    for n, batch in enumerate(loader):
+        tokens += int(batch["loss_mask"].shape[0] * batch["loss_mask"].shape[1])
+        if n + 1 >= steps:
+            break
+    return time.perf_counter() - start, tokens
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--results", default="results")
+    parser.add_argument("--steps", type=int, default=60)
+    parser.add_argument("--batch-tokens", type=int, default=8192)
+    parser.add_argument("--workers", type=int, default=1)
+    parser.add_argument("--train-steps", type=int, default=30)
+    args = parser.parse_args()
+    results = Path(args.results)
+    shards = sorted(str(p) for p in (results / "hidden").glob("shard-*.zarr"))
+    refs = list_samples(shards, 0.0, "train")
+    batches = list(TrainBatches(refs, batch_tokens=args.batch_tokens, seed=0, num_steps=args.steps))
+    used = sorted({i for batch in batches for i in batch})
+    print(f"{len(shards)} shards, {len(refs)} samples; {args.steps} batches of "
+          f"<= {args.batch_tokens} tokens, {args.workers} worker(s)")  # fmt: skip
+
+    with tempfile.TemporaryDirectory() as tmp:
+        files = write_per_sample(shards, [refs[i] for i in used], Path(tmp))
+        index = {i: n for n, i in enumerate(used)}
+        per_sample = DataLoader(
+            PerSampleFiles(files),
+            batch_sampler=[[index[i] for i in batch] for batch in batches],
+            collate_fn=pad_batch,
+            num_workers=args.workers,
+        )
+        zarr_loader = make_loader(shards, refs, batches, num_workers=args.workers)
+        # Warm both once (worker start-up, page cache), then time each.
+        drain(make_loader(shards, refs, batches[:2], num_workers=args.workers), 2)
+        zarr_s, zarr_tokens = drain(zarr_loader, args.steps)
+        naive_s, naive_tokens = drain(per_sample, args.steps)
+    assert zarr_tokens == naive_tokens
+    print("| loader | tokens/s |\n|---|---|")
+    print(f"| (a) zarr shards (ours) | {zarr_tokens / zarr_s:,.0f} |")
+    print(f"| (b) per-sample torch.load | {naive_tokens / naive_s:,.0f} |")
+    print(f"ratio a/b = {naive_s / zarr_s:.2f} (goal >= 3)")
+
+    from eagleflow.train import TrainSettings, train_drafter
+
+    with tempfile.TemporaryDirectory() as tmp:
+        settings = TrainSettings(
+            shards=shards, vocab=str(results / "vocab/vocab.safetensors"),
+            target=str(results / "demo/target"), out_vllm=f"{tmp}/vllm",
+            out_speculators=f"{tmp}/spec", metrics=f"{tmp}/metrics.tsv",
+            checkpoint_dir=f"{tmp}/ckpt", steps=args.train_steps,
+            batch_tokens=args.batch_tokens, eval_every=0, checkpoint_every=10**9,
+        )  # fmt: skip
+        start = time.perf_counter()
+        train_drafter(settings)
+        seconds = time.perf_counter() - start
+        lines = Path(settings.metrics).read_text().splitlines()
+    rates = [float(line.split("\t")[4]) for line in lines[1:] if "\ttrain\t" in line]
+    print(
+        f"(c) training: {args.train_steps / seconds:.2f} steps/s including start-up and export;"
+        f" {rates[-1]:,.0f} tokens/s in steady state (batch {args.batch_tokens} tokens)"
+    )
+
+
+if __name__ == "__main__":
+    main()
