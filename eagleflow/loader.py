@@ -1,13 +1,12 @@
 """Training data from zarr shards: streamed, shuffled across shards, bounded memory.
 
-The order of samples is a pure function of (seed, epoch) and never of the number of processes:
-each epoch shuffles windows of consecutive samples (so a zarr chunk, which holds several samples,
-is decoded about once) across all shards, then shuffles samples inside groups of windows.
-Global batches of similar-length samples are packed from that order by a padded-token budget;
-DDP rank r takes every world-th sample of each global batch. So one process and N processes
-see the same global batches, and a resumed run continues exactly where the killed one stopped
-(the batch of step s is known without reading data).
-Worker processes decode the samples; memory is bounded by workers x prefetch x batch.
+The batches are a pure function of (seed, epoch), never of the number of processes: each epoch
+shuffles windows of consecutive samples across all shards, then packs each group of windows
+into batches of similar-length samples within a padded-token budget. DDP rank r takes every
+world-th sample of each global batch. So one process and N processes see the same global
+batches, and a resumed run continues exactly where the killed one stopped (the batch of step s
+is known without reading data). Worker processes decode; memory is bounded by the workers'
+chunk caches plus workers x prefetch x batch.
 """
 
 from __future__ import annotations
@@ -20,12 +19,12 @@ from pathlib import Path
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 
-from eagleflow.shards import open_shard
+from eagleflow.shards import ChunkCache, open_shard
 from eagleflow.split import is_heldout
 
-WINDOW = 8  # consecutive samples kept together: a chunk's worth on small targets
-SHUFFLE_GROUP = 32  # windows whose samples are shuffled together
-LENGTH_GROUP = 1024  # samples sorted by length together, to pack batches with little padding
+WINDOW = 32  # consecutive samples kept together (a few chunks' worth on small targets)
+GROUP_WINDOWS = 8  # windows whose samples are mixed and length-sorted into batches
+CACHE_BYTES = 256 * 2**20  # decoded chunks kept per loader worker
 
 
 @dataclass(frozen=True)
@@ -47,40 +46,43 @@ def list_samples(shard_paths: Sequence[str | Path], heldout_fraction: float, spl
     return refs
 
 
-def epoch_order(refs: Sequence[SampleRef], seed: int, epoch: int) -> list[int]:
-    """A shuffled order of `refs` (indices), the same for every process count."""
-    rng = random.Random(f"{seed}:{epoch}")
-    windows = [list(range(i, min(i + WINDOW, len(refs)))) for i in range(0, len(refs), WINDOW)]
-    rng.shuffle(windows)
-    order: list[int] = []
-    for g in range(0, len(windows), SHUFFLE_GROUP):
-        group = [i for window in windows[g : g + SHUFFLE_GROUP] for i in window]
-        rng.shuffle(group)
-        order += group
-    return order
-
-
 def pack_batches(
-    refs: Sequence[SampleRef], order: Sequence[int], batch_tokens: int, seed: int = 0
+    refs: Sequence[SampleRef], indices: Sequence[int], batch_tokens: int
 ) -> list[list[int]]:
-    """Global batches whose padded size (samples x longest) stays within `batch_tokens`.
-
-    Samples are sorted by length inside groups of the shuffled order, so a batch holds samples
-    of similar length (little padding); the batches are then shuffled (seeded) so lengths do
-    not drift through the epoch. A sample longer than the budget gets a batch of its own.
-    """
+    """Batches of similar-length samples whose padded size (samples x longest) stays within
+    `batch_tokens`; a sample longer than the budget gets a batch of its own."""
     batches: list[list[int]] = []
-    for g in range(0, len(order), LENGTH_GROUP):
-        group = sorted(order[g : g + LENGTH_GROUP], key=lambda i: refs[i].num_tokens)
-        current: list[int] = []
-        for i in group:  # ascending: sample i is the longest of the batch so far
-            if current and (len(current) + 1) * refs[i].num_tokens > batch_tokens:
-                batches.append(current)
-                current = []
-            current.append(i)
-        if current:
+    current: list[int] = []
+    for i in sorted(indices, key=lambda i: refs[i].num_tokens):
+        # Ascending lengths: sample i is the longest of the batch so far.
+        if current and (len(current) + 1) * refs[i].num_tokens > batch_tokens:
             batches.append(current)
-    random.Random(f"{seed}:batches:{len(order)}").shuffle(batches)
+            current = []
+        current.append(i)
+    if current:
+        batches.append(current)
+    return batches
+
+
+def epoch_batches(
+    refs: Sequence[SampleRef], seed: int, epoch: int, batch_tokens: int
+) -> list[list[int]]:
+    """One epoch's global batches, the same for every process count.
+
+    Windows of consecutive samples are shuffled across all shards; each group of windows is
+    packed into length-sorted batches, shuffled within the group. A group's chunks fit in a
+    worker's chunk cache, so each chunk is decoded about once per epoch.
+    """
+    rng = random.Random(f"{seed}:{epoch}")
+    windows = [range(i, min(i + WINDOW, len(refs))) for i in range(0, len(refs), WINDOW)]
+    rng.shuffle(windows)
+    batches: list[list[int]] = []
+    for g in range(0, len(windows), GROUP_WINDOWS):
+        group = pack_batches(
+            refs, [i for w in windows[g : g + GROUP_WINDOWS] for i in w], batch_tokens
+        )
+        rng.shuffle(group)
+        batches += group
     return batches
 
 
@@ -104,8 +106,7 @@ class TrainBatches(Sampler[list[int]]):
     def global_batches(self) -> Iterator[list[int]]:
         epoch = 0
         while True:
-            order = epoch_order(self.refs, self.seed, epoch)
-            yield from pack_batches(self.refs, order, self.batch_tokens, seed=self.seed + epoch)
+            yield from epoch_batches(self.refs, self.seed, epoch, self.batch_tokens)
             epoch += 1
 
     def __iter__(self) -> Iterator[list[int]]:
@@ -126,6 +127,7 @@ class ShardSamples(Dataset):
         self.shard_paths = [str(p) for p in shard_paths]
         self.refs = list(refs)
         self._open: dict[int, object] = {}
+        self._cache: ChunkCache | None = None
 
     def __len__(self) -> int:
         return len(self.refs)
@@ -134,7 +136,8 @@ class ShardSamples(Dataset):
         ref = self.refs[i]
         shard = self._open.get(ref.shard)
         if shard is None:
-            shard = self._open[ref.shard] = open_shard(self.shard_paths[ref.shard])
+            self._cache = self._cache or ChunkCache(CACHE_BYTES)  # made in the worker process
+            shard = self._open[ref.shard] = open_shard(self.shard_paths[ref.shard], self._cache)
         return shard.sample(ref.index)
 
 

@@ -21,6 +21,7 @@ import contextlib
 import hashlib
 import itertools
 import warnings
+from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -303,40 +304,69 @@ class ShardWriter:
         )
 
 
-class _RowReader:
-    """Reads row ranges of one array, keeping the rest of the last chunk it decoded.
+def _chunk_nbytes(array: zarr.Array) -> int:
+    return array.chunks[0] * int(np.prod(array.shape[1:], dtype=np.int64)) * array.dtype.itemsize
 
-    Consecutive ranges (sample after sample) thus decode every chunk once.
+
+class ChunkCache:
+    """Decoded chunks, least recently used dropped first, within a byte budget.
+
+    One cache can serve every shard a process reads (the training loader shares one per worker),
+    so memory stays bounded however many shards are open.
     """
 
-    def __init__(self, array: zarr.Array) -> None:
-        self.array = array
+    def __init__(self, max_bytes: int) -> None:
+        self.max_bytes = max_bytes
+        self.nbytes = 0
+        self.blocks: OrderedDict[tuple, np.ndarray] = OrderedDict()
+
+    def get(self, key: tuple, decode: Callable[[], np.ndarray]) -> np.ndarray:
+        block = self.blocks.get(key)
+        if block is not None:
+            self.blocks.move_to_end(key)
+            return block
+        block = decode()
+        self.blocks[key] = block
+        self.nbytes += block.nbytes
+        while self.nbytes > self.max_bytes and len(self.blocks) > 1:
+            self.nbytes -= self.blocks.popitem(last=False)[1].nbytes
+        return block
+
+
+class _RowReader:
+    """Reads row ranges of one array chunk by chunk, through a cache of decoded chunks.
+
+    Consecutive ranges (sample after sample) decode every chunk once even with a tiny cache.
+    """
+
+    def __init__(self, array: zarr.Array, cache: ChunkCache, key: tuple) -> None:
+        self.array, self.cache, self.key = array, cache, key
         self.rows = array.chunks[0]
         self.total = array.shape[0]
-        self.cache = np.empty((0, *array.shape[1:]), dtype=array.dtype)
-        self.cache_start = 0
+
+    def _chunk(self, index: int) -> np.ndarray:
+        start = index * self.rows
+        stop = min(self.total, start + self.rows)
+        return self.cache.get((*self.key, index), lambda: self.array[start:stop])
 
     def read(self, start: int, stop: int) -> np.ndarray:
         parts = []
-        cache_stop = self.cache_start + len(self.cache)
-        if self.cache_start <= start < cache_stop:
-            end = min(stop, cache_stop)
+        for index in range(start // self.rows, -(-stop // self.rows)):
+            base = index * self.rows
+            block = self._chunk(index)
             # A copy, so that a caller editing a sample in place cannot alter the cache.
-            parts.append(self.cache[start - self.cache_start : end - self.cache_start].copy())
-            start = end
-        if start < stop:
-            end = min(self.total, -(-stop // self.rows) * self.rows)  # to the chunk's end
-            block = self.array[start:end]
-            parts.append(block[: stop - start])
-            keep = max(start, (end - 1) // self.rows * self.rows)
-            self.cache, self.cache_start = block[keep - start :].copy(), keep
+            parts.append(
+                block[max(start, base) - base : min(stop, base + len(block)) - base].copy()
+            )
+        if not parts:
+            return np.empty((0, *self.array.shape[1:]), dtype=self.array.dtype)
         return parts[0] if len(parts) == 1 else np.concatenate(parts)
 
 
 class Shard:
     """A shard opened for reading (see `open_shard`). Not safe to share between threads."""
 
-    def __init__(self, path: str | Path) -> None:
+    def __init__(self, path: str | Path, cache: ChunkCache | None = None) -> None:
         self.path = Path(path)
         if not (self.path / "zarr.json").is_file():
             raise FileNotFoundError(f"{self.path}: not a shard (no zarr.json)")
@@ -346,7 +376,15 @@ class Shard:
         self.attrs: dict[str, Any] = dict(self.group.attrs)
         self.offsets: np.ndarray = self.arrays["offsets"][:]
         self.sample_ids: list[str] = list(self.attrs["sample_ids"])
-        self._readers = {name: _RowReader(self.arrays[name]) for name in TOKEN_ARRAYS}
+        # Without a shared cache, each array keeps its last two chunks: enough for sequential reads.
+        self._readers = {
+            name: _RowReader(
+                self.arrays[name],
+                cache or ChunkCache(2 * _chunk_nbytes(self.arrays[name])),
+                (str(self.path), name),
+            )
+            for name in TOKEN_ARRAYS
+        }
 
     @property
     def num_samples(self) -> int:
@@ -391,9 +429,9 @@ class Shard:
         return sum(self.arrays[name].nbytes_stored() for name in names)
 
 
-def open_shard(path: str | Path) -> Shard:
-    """Open the shard at `path` for reading."""
-    return Shard(path)
+def open_shard(path: str | Path, cache: ChunkCache | None = None) -> Shard:
+    """Open the shard at `path` for reading (decoded chunks kept in `cache` when given)."""
+    return Shard(path, cache)
 
 
 def store_checksums(path: str | Path) -> dict[str, str]:

@@ -13,7 +13,7 @@ from safetensors import safe_open
 
 from eagleflow.drafter import DrafterConfig, Eagle3Drafter, rotate
 from eagleflow.export import export_speculators, export_vllm
-from eagleflow.loader import SampleRef, TrainBatches, epoch_order, pack_batches
+from eagleflow.loader import SampleRef, TrainBatches, epoch_batches
 from eagleflow.logs import InputError
 from eagleflow.train import TrainSettings, lr_at, ttt_terms
 from eagleflow.vocab import (
@@ -148,10 +148,9 @@ def test_global_batches_do_not_depend_on_process_count_and_resume_exactly() -> N
     resumed = list(TrainBatches(refs, batch_tokens=1000, seed=1, start_step=50, num_steps=80))
     assert resumed == one[50:]
     assert len(one) == 80  # runs on past the first epoch
-    order = epoch_order(refs, seed=1, epoch=0)
-    assert sorted(order) == list(range(300)) and order != epoch_order(refs, seed=1, epoch=1)
-    batches = pack_batches(refs, order, 1000)
+    batches = epoch_batches(refs, seed=1, epoch=0, batch_tokens=1000)
     assert sorted(i for batch in batches for i in batch) == list(range(300))
+    assert batches != epoch_batches(refs, seed=1, epoch=1, batch_tokens=1000)
     for batch in batches:  # padded size within the budget
         assert len(batch) == 1 or len(batch) * max(refs[i].num_tokens for i in batch) <= 1000
 
