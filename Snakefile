@@ -14,6 +14,7 @@ include: "rules/prepare.smk"
 include: "rules/extract.smk"
 include: "rules/vocab.smk"
 include: "rules/train.smk"
+include: "rules/evaluate.smk"
 
 
 rule all:
@@ -21,6 +22,8 @@ rule all:
     input:
         "results/drafter/vllm",
         "results/drafter/speculators",
+        "results/eval/serving.json",
+        rules.report_plots.output,
 
 
 # Stop after a stage: `snakemake --cores all responses`.
@@ -37,3 +40,9 @@ rule hidden:
 rule drafter:
     input:
         "results/drafter/vllm",
+
+
+rule evaluation:
+    input:
+        "results/eval/offline.json",
+        "results/eval/serving.json",

@@ -19,7 +19,6 @@ for k < N; id N is the last decoder layer's output *before* the final norm (HF's
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import os
 import shutil
 import tempfile
@@ -33,6 +32,7 @@ import torch
 from tqdm import tqdm
 
 from eagleflow.files import read_jsonl
+from eagleflow.fingerprint import target_fingerprint, tokenizer_fingerprint
 from eagleflow.layers import check_layer_ids, default_layer_ids
 from eagleflow.logs import InputError
 from eagleflow.shards import (
@@ -46,18 +46,6 @@ from eagleflow.shards import (
 BACKENDS = ("vllm", "hf")
 CONNECTOR = "EagleflowHiddenStatesConnector"
 SCRATCH_PREFIX = "eagleflow-hidden-"  # then the pid of the extracting process
-# Files hashed for the tokenizer fingerprint, when present (the chat template lives in either
-# tokenizer_config.json or a file of its own).
-TOKENIZER_FILES = (
-    "tokenizer.json",
-    "tokenizer_config.json",
-    "special_tokens_map.json",
-    "chat_template.jinja",
-    "chat_template.json",
-)
-WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth")
-FINGERPRINT_BLOCKS = 16  # blocks of each weight file read for the fingerprint
-FINGERPRINT_BLOCK_BYTES = 4096
 
 
 def _captured_ids(writer: ShardWriter, num_layers: int) -> list[int]:
@@ -78,46 +66,6 @@ def _num_layers(model_dir: str | Path) -> tuple[int, int]:
 
     config = AutoConfig.from_pretrained(model_dir).get_text_config()
     return int(config.num_hidden_layers), int(config.hidden_size)
-
-
-def _hash_files(digest: Any, paths: Sequence[Path], root: Path) -> None:
-    for path in paths:
-        digest.update(path.relative_to(root).as_posix().encode() + b"\0")
-        digest.update(path.read_bytes())
-
-
-def target_fingerprint(model_dir: str | Path) -> str:
-    """A cheap fingerprint of the target's weights: never reads more than a few KiB per file.
-
-    Hashes config.json, any weight index, and for each weight file its name, size, safetensors
-    header (names, dtypes, shapes, offsets) and a few evenly spaced blocks of its contents, so
-    that retraining the same architecture changes it too.
-    """
-    root = Path(model_dir)
-    digest = hashlib.sha256()
-    _hash_files(digest, [root / "config.json", *sorted(root.glob("*.index.json"))], root)
-    for path in sorted(p for p in root.iterdir() if p.name.endswith(WEIGHT_SUFFIXES)):
-        size = path.stat().st_size
-        digest.update(f"{path.name}\0{size}\0".encode())
-        with path.open("rb") as stream:
-            if path.suffix == ".safetensors":
-                header_len = int.from_bytes(stream.read(8), "little")
-                digest.update(stream.read(header_len))
-            for k in range(FINGERPRINT_BLOCKS):
-                stream.seek(k * max(0, size - FINGERPRINT_BLOCK_BYTES) // (FINGERPRINT_BLOCKS - 1))
-                digest.update(stream.read(FINGERPRINT_BLOCK_BYTES))
-    return f"sha256:{digest.hexdigest()}"
-
-
-def tokenizer_fingerprint(model_dir: str | Path) -> str | None:
-    """sha256 of the tokenizer and chat-template files present; None when there are none."""
-    root = Path(model_dir)
-    paths = [root / name for name in TOKENIZER_FILES if (root / name).is_file()]
-    if not paths:
-        return None
-    digest = hashlib.sha256()
-    _hash_files(digest, paths, root)
-    return f"sha256:{digest.hexdigest()}"
 
 
 def load_samples(tokens: str | Path | Sequence[dict]) -> list[dict]:

@@ -6,6 +6,7 @@ after the end-of-turn token too (they are counted before the output is truncated
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -42,17 +43,18 @@ def spec_decode_counters(metrics: list) -> Acceptance:
     return Acceptance(**totals, accepted_per_position=per_position)
 
 
-def generate_with_drafter(
+def _generate(
     target: str | Path,
-    drafter: str | Path,
     prompt_token_ids: list[list[int]],
     *,
-    num_speculative_tokens: int,
     max_tokens: int,
-    max_model_len: int = 1024,
+    max_model_len: int,
+    speculative_config: dict | None = None,
     seed: int = 0,
-) -> tuple[list[list[int]], Acceptance]:
-    """Greedy generation with EAGLE-3 drafting; returns the output ids and the acceptance."""
+) -> tuple[list[list[int]], list, float]:
+    """Greedy outputs, the engine's metrics and the generation seconds (engine load excluded)."""
+    import gc
+
     from vllm import SamplingParams, TokensPrompt
 
     from eagleflow.engine import build_llm
@@ -62,15 +64,48 @@ def generate_with_drafter(
         seed=seed,
         max_model_len=max_model_len,
         disable_log_stats=False,
+        speculative_config=speculative_config,
+    )
+    sampling = SamplingParams(temperature=0.0, max_tokens=max_tokens, seed=seed, detokenize=False)
+    prompts = [TokensPrompt(prompt_token_ids=ids) for ids in prompt_token_ids]
+    start = time.perf_counter()
+    outputs = llm.generate(prompts, sampling, use_tqdm=False)
+    seconds = time.perf_counter() - start
+    metrics = llm.get_metrics()
+    del llm
+    gc.collect()
+    return [list(out.outputs[0].token_ids) for out in outputs], metrics, seconds
+
+
+def generate_plain(
+    target: str | Path, prompt_token_ids: list[list[int]], *, max_tokens: int, max_model_len: int
+) -> tuple[list[list[int]], float]:
+    """Greedy generation without speculation: outputs and seconds."""
+    outputs, _, seconds = _generate(
+        target, prompt_token_ids, max_tokens=max_tokens, max_model_len=max_model_len
+    )
+    return outputs, seconds
+
+
+def generate_with_drafter(
+    target: str | Path,
+    drafter: str | Path,
+    prompt_token_ids: list[list[int]],
+    *,
+    num_speculative_tokens: int,
+    max_tokens: int,
+    max_model_len: int = 1024,
+) -> tuple[list[list[int]], Acceptance, float]:
+    """Greedy generation with EAGLE-3 drafting: outputs, acceptance and seconds."""
+    outputs, metrics, seconds = _generate(
+        target,
+        prompt_token_ids,
+        max_tokens=max_tokens,
+        max_model_len=max_model_len,
         speculative_config={
             "method": "eagle3",
             "model": str(drafter),
             "num_speculative_tokens": num_speculative_tokens,
         },
     )
-    sampling = SamplingParams(temperature=0.0, max_tokens=max_tokens, seed=seed)
-    prompts = [TokensPrompt(prompt_token_ids=ids) for ids in prompt_token_ids]
-    outputs = llm.generate(prompts, sampling, use_tqdm=False)
-    acceptance = spec_decode_counters(llm.get_metrics())
-    del llm
-    return [list(out.outputs[0].token_ids) for out in outputs], acceptance
+    return outputs, spec_decode_counters(metrics), seconds

@@ -20,9 +20,8 @@ from eagleflow.extract import (
     SCRATCH_PREFIX,
     _remove_stale_scratch,
     extract_shard,
-    target_fingerprint,
-    tokenizer_fingerprint,
 )
+from eagleflow.fingerprint import target_fingerprint, tokenizer_fingerprint
 from eagleflow.layers import check_layer_ids, default_layer_ids
 from eagleflow.logs import InputError
 from eagleflow.shards import open_shard, verify_shard

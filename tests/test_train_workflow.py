@@ -49,7 +49,7 @@ from eagleflow.serving import generate_with_drafter
 samples = read_jsonl("results/tokens/shard-00000.jsonl")[:16]
 prompts = [s["input_ids"][: s["loss_mask"].index(True)] for s in samples]
 if __name__ == "__main__":
-    outputs, acc = generate_with_drafter(
+    outputs, acc, _ = generate_with_drafter(
         "results/demo/target", "results/drafter/vllm", prompts,
         num_speculative_tokens=3, max_tokens=48)
     print("RESULT", json.dumps({"outputs": outputs, "drafts": acc.drafts,

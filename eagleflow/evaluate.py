@@ -1,0 +1,257 @@
+"""Acceptance of the exported drafter: offline chain simulation and measured inside vLLM.
+
+Offline: on held-out samples, the drafter proposes K tokens from every verified position, the
+target's own next tokens (the stored responses) accept the longest matching prefix, and the
+target's bonus token moves the position on, as in vLLM. One batched training-time-test pass
+gives every slot's chain: a chain's accepted prefix only ever used true tokens as inputs.
+Acceptance length counts the bonus token: 1 + accepted / drafts.
+
+vLLM also counts drafts accepted after the end-of-turn token (it counts before truncating the
+output). Offline we cannot know what the target would say after the end, so two figures are
+kept: `answer_only` (drafts past the end count as rejected) and `upper` (as accepted); the
+served value should lie between them (up to greedy near-ties).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file
+
+from eagleflow.drafter import DrafterConfig, Eagle3Drafter, load_target_head
+from eagleflow.files import write_json
+from eagleflow.loader import list_samples
+from eagleflow.logs import InputError
+from eagleflow.shards import open_shard
+from eagleflow.vocab import draft_to_target_ids
+
+
+def load_drafter(export_dir: str | Path) -> tuple[Eagle3Drafter, dict]:
+    """The drafter exactly as exported for vLLM (config.json + model.safetensors)."""
+    export_dir = Path(export_dir)
+    config = json.loads((export_dir / "config.json").read_text())
+    tensors = load_file(str(export_dir / "model.safetensors"))
+    aux_ids = config.get("eagle_aux_hidden_state_layer_ids") or []
+    cfg = DrafterConfig(
+        hidden_size=config["hidden_size"],
+        intermediate_size=config["intermediate_size"],
+        num_attention_heads=config["num_attention_heads"],
+        num_key_value_heads=config["num_key_value_heads"],
+        head_dim=config["head_dim"],
+        rms_norm_eps=config["rms_norm_eps"],
+        rope_theta=config["rope_theta"],
+        max_position_embeddings=config["max_position_embeddings"],
+        vocab_size=config["vocab_size"],
+        draft_vocab_size=config["draft_vocab_size"],
+        num_aux=tensors["fc.weight"].shape[1] // config["target_hidden_size"],
+        target_hidden_size=config["target_hidden_size"],
+    )
+    model = Eagle3Drafter(cfg, tensors["d2t"], tensors["t2d"])
+    model.load_state_dict(
+        {k: v.float() if v.is_floating_point() else v for k, v in tensors.items()}
+    )
+    config["aux_layer_ids"] = aux_ids
+    return model.eval(), config
+
+
+def response_start(loss_mask: torch.Tensor) -> int:
+    """First token of the last assistant turn (the answer a served request generates)."""
+    mask = loss_mask.tolist()
+    start = len(mask)
+    while start > 0 and mask[start - 1]:
+        start -= 1
+    if start == len(mask):
+        raise ValueError("sample has no assistant tokens at its end")
+    return start
+
+
+def simulate_chain(matches: torch.Tensor, start: int, length: int, k: int) -> tuple[list, list]:
+    """Walk one response as vLLM does. `matches[j, t]`: step j's draft at slot t is the true
+    token t+2+j. Returns per draft the accepted count (answer only) and the number of draft
+    positions that fell past the end of the sequence."""
+    accepted, past_end = [], []
+    slot = start - 1  # the prefill's last position: the target has just produced token `start`
+    while slot + 1 < length - 1:  # a token after the bonus token remains to be predicted
+        available = min(k, length - 2 - slot)  # drafts that have a true token to compare with
+        run = 0
+        while run < available and matches[run, slot]:
+            run += 1
+        accepted.append(run)
+        past_end.append(k - available if run == available else 0)
+        slot += run + 1
+    return accepted, past_end
+
+
+@torch.no_grad()
+def offline_acceptance(
+    export_dir: str | Path,
+    shard_paths: Sequence[str | Path],
+    target: str | Path,
+    *,
+    heldout_fraction: float,
+    ks: Sequence[int],
+    max_samples: int | None = None,
+) -> dict:
+    """Offline chain acceptance on the held-out split, for each K in `ks`."""
+    model, config = load_drafter(export_dir)
+    head = load_target_head(target)
+    draft_ids = draft_to_target_ids(model.d2t)
+    refs = list_samples(shard_paths, heldout_fraction, "heldout")[:max_samples]
+    if not refs:
+        raise InputError("offline evaluation: the held-out split is empty")
+    steps = max(ks)
+    per_k = {k: {"accepted": [], "past_end": []} for k in ks}
+    shards = {}
+    for ref in refs:
+        shard = shards.setdefault(ref.shard, open_shard(shard_paths[ref.shard]))
+        sample = shard.sample(ref.index)
+        ids = sample["input_ids"]
+        aux = sample["aux"].reshape(len(ids), -1).float()[None]
+        outputs = model(aux, ids[None], head.embed, steps)
+        length = len(ids)
+        matches = torch.zeros(steps, length, dtype=torch.bool)
+        for step, out in enumerate(outputs):
+            drafted = draft_ids[model.logits(out[0]).argmax(-1)]
+            span = max(0, length - 2 - step)
+            matches[step, :span] = drafted[:span] == ids[2 + step : 2 + step + span]
+        start = response_start(sample["loss_mask"])
+        for k in ks:
+            accepted, past_end = simulate_chain(matches, start, length, k)
+            per_k[k]["accepted"] += accepted
+            per_k[k]["past_end"] += past_end
+    return {
+        "samples": len(refs),
+        "aux_layer_ids": config["aux_layer_ids"],
+        "by_k": {str(k): _summary(v["accepted"], v["past_end"], k) for k, v in per_k.items()},
+    }
+
+
+def _summary(accepted: list[int], past_end: list[int], k: int) -> dict:
+    drafts = len(accepted)
+    total = sum(accepted)
+    return {
+        "drafts": drafts,
+        "accepted": total,
+        "mean_acceptance_length": 1 + total / drafts,
+        "mean_acceptance_length_upper": 1 + (total + sum(past_end)) / drafts,
+        "per_position": [sum(a > j for a in accepted) / drafts for j in range(k)],
+    }
+
+
+def serving_acceptance(
+    export_dir: str | Path,
+    shard_paths: Sequence[str | Path],
+    target: str | Path,
+    *,
+    heldout_fraction: float,
+    k: int,
+    max_tokens: int,
+    max_model_len: int,
+    max_prompts: int | None = None,
+    compare_plain: bool = True,
+) -> dict:
+    """Greedy generation of the held-out prompts in vLLM with (and, for the speed-up and the
+    output comparison, without) the drafter."""
+    from eagleflow.serving import generate_plain, generate_with_drafter
+
+    refs = list_samples(shard_paths, heldout_fraction, "heldout")[:max_prompts]
+    prompts = []
+    for ref in refs:
+        sample = open_shard(shard_paths[ref.shard]).sample(ref.index)
+        prompts.append(sample["input_ids"][: response_start(sample["loss_mask"])].tolist())
+    start = time.perf_counter()
+    spec_outputs, acceptance, spec_seconds = generate_with_drafter(
+        target, export_dir, prompts, num_speculative_tokens=k, max_tokens=max_tokens,
+        max_model_len=max_model_len,
+    )  # fmt: skip
+    report = {
+        "prompts": len(prompts),
+        "k": k,
+        "drafts": acceptance.drafts,
+        "draft_tokens": acceptance.draft_tokens,
+        "accepted": acceptance.accepted_tokens,
+        "mean_acceptance_length": acceptance.mean_acceptance_length,
+        "per_position": acceptance.per_position_rate,
+        "tokens_per_s": {"with_drafter": sum(map(len, spec_outputs)) / spec_seconds},
+    }
+    if compare_plain:
+        plain_outputs, plain_seconds = generate_plain(
+            target, prompts, max_tokens=max_tokens, max_model_len=max_model_len
+        )
+        report["tokens_per_s"]["without_drafter"] = sum(map(len, plain_outputs)) / plain_seconds
+        # Greedy with and without speculation should agree but for rare bf16 near-ties.
+        report["identical_outputs"] = sum(
+            a == b for a, b in zip(plain_outputs, spec_outputs, strict=True)
+        )
+    report["seconds"] = time.perf_counter() - start
+    return report
+
+
+def write_offline(out_path: str | Path, **kwargs) -> dict:
+    report = offline_acceptance(**kwargs)
+    write_json(out_path, report)
+    return report
+
+
+class ServingCheckFailed(InputError):
+    """Served acceptance fell short of the offline estimate, or the export has a known fault."""
+
+
+def serving_check(
+    out_path: str | Path,
+    *,
+    offline: dict,
+    export_dir: str | Path,
+    shard_paths: Sequence[str | Path],
+    target: str | Path,
+    heldout_fraction: float,
+    k: int,
+    tolerance: float,
+    max_prompts: int | None,
+    max_tokens: int,
+    max_model_len: int,
+    compare_plain: bool = True,
+) -> dict:
+    """Measure served acceptance; write the report only when the drafter passes.
+
+    It fails when served mean acceptance length is below the offline (answer-only) estimate by
+    more than `tolerance` (relative), or when a diagnostic finds a known fault in the export; the
+    findings go into the error and into `<out>.rejected.json` for inspection.
+    """
+    from eagleflow.diagnose import diagnose_export
+
+    if str(k) not in offline["by_k"]:
+        raise InputError(
+            f"evaluate.serving_k: {k} is not among the offline ks {list(offline['by_k'])}"
+        )
+    served = serving_acceptance(
+        export_dir, shard_paths, target, heldout_fraction=heldout_fraction, k=k,
+        max_tokens=max_tokens, max_model_len=max_model_len, max_prompts=max_prompts,
+        compare_plain=compare_plain,
+    )  # fmt: skip
+    estimate = offline["by_k"][str(k)]
+    floor = estimate["mean_acceptance_length"] * (1 - tolerance)
+    problems = diagnose_export(export_dir, shard_paths, target)
+    report = {
+        "served": served,
+        "offline": estimate,
+        "relative_gap": served["mean_acceptance_length"] / estimate["mean_acceptance_length"] - 1,
+        "tolerance": tolerance,
+        "diagnostics": problems,
+    }
+    out_path = Path(out_path)
+    if served["mean_acceptance_length"] < floor or problems:
+        write_json(out_path.with_suffix(".rejected.json"), report)
+        raise ServingCheckFailed(
+            f"serving check failed: served mean acceptance length "
+            f"{served['mean_acceptance_length']:.3f} (K={k}) vs offline "
+            f"{estimate['mean_acceptance_length']:.3f} (floor {floor:.3f}); diagnostics: "
+            + ("; ".join(problems) if problems else "no known cause found")
+        )
+    out_path.with_suffix(".rejected.json").unlink(missing_ok=True)
+    write_json(out_path, report)
+    return report

@@ -1,0 +1,67 @@
+# Acceptance of the exported drafter: offline chain simulation on held-out shards, then served
+# in vLLM; the serving rule fails (with diagnostics) when served acceptance falls short.
+
+
+rule evaluate_offline:
+    input:
+        drafter="results/drafter/vllm",
+        shards=all_hidden,
+        model=target_model_dir,
+    output:
+        "results/eval/offline.json",
+    log:
+        "results/logs/evaluate_offline.log",
+    conda:
+        "../envs/torch.yaml"
+    params:
+        ks=config["evaluate"]["ks"],
+        max_samples=config["evaluate"]["max_samples"],
+        heldout_fraction=config["train"]["heldout_fraction"],
+    script:
+        "../scripts/evaluate_offline.py"
+
+
+rule evaluate_serving:
+    input:
+        offline="results/eval/offline.json",
+        drafter="results/drafter/vllm",
+        shards=all_hidden,
+        model=target_model_dir,
+    output:
+        "results/eval/serving.json",
+    log:
+        "results/logs/evaluate_serving.log",
+    benchmark:
+        "results/benchmarks/evaluate_serving.tsv"
+    conda:
+        VLLM_ENV
+    threads: 2
+    params:
+        k=config["evaluate"]["serving_k"],
+        max_prompts=config["evaluate"]["max_prompts"],
+        tolerance=config["evaluate"]["tolerance"],
+        heldout_fraction=config["train"]["heldout_fraction"],
+        max_tokens=config["generation"]["max_new_tokens"],
+        max_model_len=config["target"]["max_model_len"],
+    script:
+        "../scripts/evaluate_serving.py"
+
+
+rule report_plots:
+    input:
+        metrics="results/drafter/metrics.tsv",
+        offline="results/eval/offline.json",
+        serving="results/eval/serving.json",
+        coverage="results/vocab/coverage.json",
+        shards=all_hidden,
+    output:
+        training=report("results/report/training.png", category="Training"),
+        acceptance=report("results/report/acceptance.png", category="Acceptance"),
+        shards=report("results/report/shards.png", category="Hidden states"),
+        vocab=report("results/report/vocab.png", category="Vocab"),
+    log:
+        "results/logs/report_plots.log",
+    conda:
+        "../envs/torch.yaml"
+    script:
+        "../scripts/report_plots.py"

@@ -1,0 +1,17 @@
+"""Snakemake entry: offline chain acceptance on the held-out split (see eagleflow.evaluate)."""
+
+from eagleflow.evaluate import write_offline
+from eagleflow.logs import exit_on_input_error, setup_job_logging
+
+log = setup_job_logging(snakemake.log[0])
+with exit_on_input_error(log):
+    report = write_offline(
+        snakemake.output[0],
+        export_dir=snakemake.input.drafter,
+        shard_paths=list(snakemake.input.shards),
+        target=snakemake.input.model,
+        heldout_fraction=snakemake.params.heldout_fraction,
+        ks=snakemake.params.ks,
+        max_samples=snakemake.params.max_samples,
+    )
+log.info("%s", report)

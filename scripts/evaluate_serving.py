@@ -1,0 +1,25 @@
+"""Snakemake entry: acceptance served in vLLM, and the serving check (see eagleflow.evaluate)."""
+
+import json
+
+from eagleflow.evaluate import serving_check
+from eagleflow.logs import exit_on_input_error, setup_job_logging
+
+if __name__ == "__main__":  # vLLM spawns worker processes that re-import this module
+    log = setup_job_logging(snakemake.log[0])
+    params = snakemake.params
+    with exit_on_input_error(log):
+        report = serving_check(
+            snakemake.output[0],
+            offline=json.loads(open(snakemake.input.offline).read()),
+            export_dir=snakemake.input.drafter,
+            shard_paths=list(snakemake.input.shards),
+            target=snakemake.input.model,
+            heldout_fraction=params.heldout_fraction,
+            k=params.k,
+            tolerance=params.tolerance,
+            max_prompts=params.max_prompts,
+            max_tokens=params.max_tokens,
+            max_model_len=params.max_model_len,
+        )
+    log.info("%s", report)
