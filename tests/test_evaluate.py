@@ -1,0 +1,91 @@
+"""Acceptance: the chain walk, the offline/served agreement and the serving check's faults."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from eagleflow.evaluate import response_start, simulate_chain
+
+
+def test_chain_walk_counts_accepted_drafts_and_the_end_of_the_answer() -> None:
+    # Prompt 0..3, answer 4..9 (9 = end of turn). Every draft right: slot 3 drafts 5, 6, 7 (all
+    # accepted, bonus 8); slot 7 drafts 9 and two tokens past the end.
+    matches = torch.ones(3, 10, dtype=torch.bool)
+    assert simulate_chain(matches, start=4, length=10, k=3) == ([3, 1], [0, 2])
+    # A wrong first draft: one token per step (the bonus), through the whole answer.
+    matches[0] = False
+    accepted, past_end = simulate_chain(matches, start=4, length=10, k=3)
+    assert accepted == [0] * 5 and past_end == [0] * 5
+    # Step 1 wrong at slot 3: accept 1 (token 5), bonus 6; slot 5 drafts 7, 8, 9: all right.
+    matches = torch.ones(3, 10, dtype=torch.bool)
+    matches[1, 3] = False
+    assert simulate_chain(matches, start=4, length=10, k=3) == ([1, 3], [0, 0])
+
+
+def test_response_start_is_the_last_assistant_turn() -> None:
+    assert response_start(torch.tensor([0, 0, 1, 1, 0, 0, 1, 1, 1], dtype=torch.bool)) == 6
+    with pytest.raises(ValueError):
+        response_start(torch.tensor([1, 1, 0], dtype=torch.bool))
+
+
+def test_served_acceptance_agrees_with_the_offline_estimate(demo_run: Path) -> None:
+    report = json.loads((demo_run / "results/eval/serving.json").read_text())
+    served, offline = report["served"], report["offline"]
+    low, high = offline["mean_acceptance_length"], offline["mean_acceptance_length_upper"]
+    mal = served["mean_acceptance_length"]
+    print(f"K={served['k']}: served {mal:.3f}, offline {low:.3f} (upper {high:.3f})")
+    assert report["diagnostics"] == []
+    assert served["mean_acceptance_length"] >= offline["mean_acceptance_length"] * 0.97
+    assert served["mean_acceptance_length"] <= offline["mean_acceptance_length_upper"] * 1.03
+    assert served["drafts"] > 0 and served["identical_outputs"] >= 0.9 * served["prompts"]
+
+
+def break_export(export: Path, fault: str) -> None:
+    config = json.loads((export / "config.json").read_text())
+    if fault == "layer ids":
+        del config["eagle_aux_hidden_state_layer_ids"]
+    elif fault == "norm flag":
+        config["norm_before_residual"] = True
+    elif fault == "d2t":
+        tensors = load_file(str(export / "model.safetensors"))
+        tensors["d2t"] = tensors["d2t"] + torch.arange(len(tensors["d2t"]))  # absolute ids
+        save_file(tensors, str(export / "model.safetensors"))
+    (export / "config.json").write_text(json.dumps(config))
+
+
+@pytest.mark.parametrize("fault", ["layer ids", "norm flag", "d2t"])
+def test_planted_fault_fails_the_serving_check_and_is_named(
+    demo_run: Path, tmp_path: Path, fault: str
+) -> None:
+    export = tmp_path / "vllm"
+    shutil.copytree(demo_run / "results/drafter/vllm", export)
+    break_export(export, fault)
+    script = f"""
+import glob, json
+from eagleflow.evaluate import serving_check
+if __name__ == "__main__":
+    serving_check(
+        {str(tmp_path / "serving.json")!r},
+        offline=json.load(open("results/eval/offline.json")),
+        export_dir={str(export)!r},
+        shard_paths=sorted(glob.glob("results/hidden/shard-*.zarr")),
+        target="results/demo/target", heldout_fraction=0.05, k=3, tolerance=0.03,
+        max_prompts=16, max_tokens=64, max_model_len=1024, compare_plain=False)
+"""
+    result = subprocess.run(
+        [sys.executable, "-c", script], cwd=demo_run, capture_output=True, text=True, timeout=900
+    )
+    assert result.returncode != 0
+    assert "ServingCheckFailed: serving check failed" in result.stderr
+    assert not (tmp_path / "serving.json").exists()
+    rejected = json.loads((tmp_path / "serving.rejected.json").read_text())
+    print(fault, "->", rejected["served"]["mean_acceptance_length"], rejected["diagnostics"])
+    assert any(problem.startswith(fault) for problem in rejected["diagnostics"])
