@@ -16,6 +16,14 @@ import yaml
 REPO = Path(__file__).resolve().parents[1]
 TEST_CONFIG = REPO / "tests" / "config.test.yaml"
 
+# Outputs of training and of everything downstream of it (evaluation, the report's plots).
+TRAINING_AND_DOWNSTREAM = [
+    "results/drafter/metrics.tsv", "results/drafter/speculators", "results/drafter/vllm",
+    "results/eval/offline.json", "results/eval/serving.json",
+    "results/report/acceptance.png", "results/report/shards.png",
+    "results/report/training.png", "results/report/vocab.png",
+]  # fmt: skip
+
 
 def deep_merge(base: dict, override: dict) -> dict:
     """`base` with `override` applied key by key (nested dicts merged, other values replaced)."""

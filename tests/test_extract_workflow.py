@@ -10,12 +10,16 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import REPO, run_and_kill, run_snakemake, scheduled_outputs, write_config
+from conftest import (
+    REPO,
+    TRAINING_AND_DOWNSTREAM,
+    run_and_kill,
+    run_snakemake,
+    scheduled_outputs,
+    write_config,
+)
 
 from eagleflow.shards import open_shard, store_checksums
-
-# The training outputs: downstream of every shard.
-DRAFTER = ["results/drafter/metrics.tsv", "results/drafter/speculators", "results/drafter/vllm"]
 
 
 def hidden_stores(workdir: Path) -> dict[str, Path]:
@@ -74,7 +78,9 @@ def test_corrupt_chunk_is_named_and_repaired_bit_identically(demo_copy: Path) ->
         "snakemake", "--cores", "all", "--forcerun", "results/hidden/shard-00001.zarr"
     ]  # fmt: skip
     dry = run_snakemake(demo_copy, *command[1:], "-n").stdout
-    assert scheduled_outputs(dry, "results/") == ["results/hidden/shard-00001.zarr", *DRAFTER]
+    assert scheduled_outputs(dry, "results/") == sorted(
+        ["results/hidden/shard-00001.zarr", *TRAINING_AND_DOWNSTREAM]
+    )
     run_snakemake(demo_copy, *command[1:])
     assert store_checksums(victim) == original
     assert {s: store_checksums(p) for s, p in stores.items() if s != "00001"} == others
@@ -120,7 +126,7 @@ def test_changed_layer_ids_rerun_every_extract_job_only(demo_run: Path) -> None:
         config.write_text(original)
     stores = hidden_stores(demo_run)
     assert scheduled_outputs(dry, "results/") == sorted(
-        [f"results/hidden/shard-{s}.zarr" for s in stores] + DRAFTER
+        [f"results/hidden/shard-{s}.zarr" for s in stores] + TRAINING_AND_DOWNSTREAM
     )
     assert "Params have changed since last execution" in dry
     assert bad.returncode != 0
