@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import torch
 from safetensors import safe_open
+from safetensors.torch import load_file
 
 from eagleflow.drafter import DrafterConfig, Eagle3Drafter, rotate
 from eagleflow.export import export_speculators, export_vllm
@@ -241,3 +242,30 @@ def test_exports_conform_to_vllm_sglang_and_speculators_loaders(tmp_path: Path) 
         for name, shape in expected_weights(layer | spec).items()
     }
     assert read_weights(tmp_path / "spec/model.safetensors") == expected
+
+
+def test_vocab_reuse_keeps_the_map_of_an_earlier_export(tmp_path: Path) -> None:
+    from eagleflow.vocab import build_vocab, write_counts
+
+    model, _ = small_drafter()
+    export_vllm(model.float(), [2, 4, 6], tmp_path / "old")
+    target = tmp_path / "target"
+    target.mkdir()
+    (target / "config.json").write_text(json.dumps({"vocab_size": CFG.vocab_size}))
+    counts = np.zeros(CFG.vocab_size, dtype=np.int64)
+    counts[:5] = 100  # new data favours other ids than the old map holds
+    write_counts(tmp_path / "c.npz", {"train": counts, "heldout": counts})
+    report = build_vocab(
+        [tmp_path / "c.npz"], target, tmp_path / "v.safetensors", tmp_path / "r.json",
+        draft_vocab_size=None, reuse=tmp_path / "old",
+    )  # fmt: skip
+    reused = load_file(str(tmp_path / "v.safetensors"))
+    assert torch.equal(reused["d2t"], model.d2t) and torch.equal(reused["t2d"], model.t2d)
+    assert report["reused_from"] == str(tmp_path / "old")
+    (target / "config.json").write_text(json.dumps({"vocab_size": CFG.vocab_size + 1}))
+    with pytest.raises(InputError, match="t2d has 50 entries but the target has 51"):
+        build_vocab(
+            [tmp_path / "c.npz"], target, tmp_path / "w.safetensors", tmp_path / "s.json",
+            draft_vocab_size=None, reuse=tmp_path / "old",
+        )  # fmt: skip
+    assert not (tmp_path / "w.safetensors").exists()
