@@ -47,9 +47,9 @@ class TrainSettings:
     out_speculators: str
     metrics: str
     checkpoint_dir: str
-    steps: int = 1500
+    steps: int = 540
     batch_tokens: int = 8192
-    learning_rate: float = 3e-3
+    learning_rate: float = 1e-2
     warmup_steps: int = 50
     min_lr_ratio: float = 0.1
     weight_decay: float = 0.0
@@ -59,7 +59,7 @@ class TrainSettings:
     heldout_fraction: float = 0.05
     seed: int = 0
     checkpoint_every: int = 200
-    eval_every: int = 500
+    eval_every: int = 270
     log_every: int = 10
     num_workers: int = 1
     num_speculative_tokens: int = 3
