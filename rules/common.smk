@@ -52,9 +52,13 @@ def all_hidden(wildcards=None):
     return expand("results/hidden/shard-{shard}.zarr", shard=planned_shards())
 
 
-def aux_layer_ids(wildcards, input):
-    """Resolved aux layer ids, so the params (and reruns) follow the ids actually captured."""
-    num_layers = target_num_layers(input.model)
+def aux_layer_ids(wildcards=None):
+    """Resolved aux layer ids, so the params (and reruns) follow the ids actually captured.
+
+    Known before the demo target exists (its depth is a config key), so a dry run shows them.
+    """
+    model = config["target"]["model"]
+    num_layers = target_num_layers(model) if model else config["demo_target"]["num_layers"]
     return resolve_aux_layer_ids(config["extract"]["aux_layer_ids"], num_layers)
 
 

@@ -23,8 +23,8 @@ def test_schema_errors_name_the_key() -> None:
     config["demo_target"]["num_layers"] = 4
     config["tempreature"] = 0.7
     assert schema_errors(config, SCHEMA) == [
-        "tempreature: unknown config key (allowed here: demo_prompts, demo_target, extract, "
-        "generation, plan, prepare, prompts, target)",
+        "tempreature: unknown config key (allowed here: demo_prompts, demo_target, evaluate, "
+        "extract, generation, plan, prepare, prompts, target, train, vocab)",
         "demo_target.num_layers: 4 is less than the minimum of 8",
         "prompts.on_eror: unknown config key (allowed here: limit, on_error, paths)",
     ]
