@@ -55,12 +55,13 @@ def test_server_backend_matches_in_process(demo_run: Path, tmp_path: Path) -> No
             tmp_path,
             {
                 "target": {"model": str(target)},
+                "prompts": {"limit": 100},  # a subset of the demo run's prompts (same ids)
                 "generation": {"backend": "server", "server_url": url},
             },
         )
         run_snakemake(tmp_path, "responses")
     served, in_process = responses(tmp_path), responses(demo_run)
-    assert served.keys() == in_process.keys()
+    assert len(served) == 100 and served.keys() <= in_process.keys()
     identical = sum(
         served[k]["response_token_ids"] == in_process[k]["response_token_ids"] for k in served
     )
@@ -117,7 +118,7 @@ def test_killed_generation_redoes_only_the_interrupted_shard(
         tmp_path,
         {
             "target": {"model": str(demo_run / "results/demo/target")},
-            "prompts": {"limit": 60},
+            "prompts": {"limit": 40},
             "plan": {"shard_tokens": 3000},
         },
     )
