@@ -58,7 +58,9 @@ def aux_layer_ids(wildcards=None):
     Known before the demo target exists (its depth is a config key), so a dry run shows them.
     """
     model = config["target"]["model"]
-    num_layers = target_num_layers(model) if model else config["demo_target"]["num_layers"]
+    num_layers = (
+        target_num_layers(model) if model else config["demo_target"]["num_layers"]
+    )
     return resolve_aux_layer_ids(config["extract"]["aux_layer_ids"], num_layers)
 
 
