@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -118,9 +120,17 @@ def hf_shard(target: Path, tokens_jsonl: Path, tmp_path_factory: pytest.TempPath
 
 
 @pytest.fixture(scope="session")
-def vllm_shard(target: Path, samples: list[dict], tmp_path_factory: pytest.TempPathFactory) -> Path:
+def vllm_shard(target: Path, tokens_jsonl: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Extracted in a process of its own, as workflow jobs are: vLLM forks its engine from the
+    calling process, and a fork of this long-lived test process once died of SIGILL in CI."""
     out = tmp_path_factory.mktemp("hidden") / "vllm.zarr"
-    extract_shard(samples, target, out, backend="vllm", layer_ids=AUX_IDS)
+    script = (
+        "from eagleflow.extract import extract_shard\n"
+        "if __name__ == '__main__':\n"
+        f"    extract_shard({str(tokens_jsonl)!r}, {str(target)!r}, {str(out)!r},"
+        f" backend='vllm', layer_ids={AUX_IDS!r})\n"
+    )
+    subprocess.run([sys.executable, "-c", script], check=True, timeout=900)
     return out
 
 

@@ -76,6 +76,8 @@ if __name__ == "__main__":
 
 def test_killed_training_resumes_from_the_last_checkpoint(demo_copy: Path) -> None:
     write_config(demo_copy, {"train": {"steps": 60, "checkpoint_every": 10, "log_every": 1}})
+    # The copied checkpoints belong to the demo run's settings: wait for this run's own.
+    shutil.rmtree(demo_copy / "results/checkpoints/drafter")
     run_and_kill(demo_copy, "results/checkpoints/drafter/step-0000020.pt", "drafter", delay_s=1.0)
     # Exports are written under a temporary name and renamed: none is half-made.
     assert not list((demo_copy / "results/drafter").glob(".tmp-*"))
