@@ -19,8 +19,9 @@ from transformers import AutoTokenizer
 
 from eagleflow.chat import render_prompt_ids
 from eagleflow.files import read_jsonl
-from eagleflow.generate import Sampling, generate_hf, generate_server, generate_vllm
+from eagleflow.generate import Completion, Sampling, generate_hf, generate_server
 from eagleflow.serve import running_server
+from eagleflow.serving import generate_plain
 
 
 def first_difference(a: list[int], b: list[int]) -> int | None:
@@ -71,7 +72,11 @@ def main() -> None:
         seconds = time.monotonic() - start
         runs[name] = (completions, seconds)
 
-    timed("vllm", lambda: generate_vllm(args.model, prompt_ids, seeds, greedy, 1024))
+    # In-process: generation time only (engine start excluded), as for the already-started server.
+    outputs, seconds = generate_plain(
+        args.model, prompt_ids, max_tokens=args.max_new_tokens, max_model_len=1024
+    )
+    runs["vllm"] = ([Completion(ids, "") for ids in outputs], seconds)
     with running_server(args.model, port=args.port) as url:
         timed("server", lambda: generate_server(url, prompt_ids, seeds, greedy, concurrency=32))
     if not args.skip_hf:
