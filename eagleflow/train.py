@@ -14,6 +14,7 @@ import json
 import logging
 import math
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -296,7 +297,10 @@ def train_drafter(s: TrainSettings) -> dict[str, float]:
         world=world,
     )
     loader = make_loader(s.shards, refs, batches, num_workers=s.num_workers)
-    metrics_log = MetricsLog(Path(s.metrics), s.ttt_steps, start) if rank == 0 else None
+    # Logged next to the checkpoints (which survive a crash, unlike an unfinished output) and
+    # copied to the output at the end, so a resumed run's metrics start at step 1.
+    live_metrics = checkpoint_dir / "metrics.tsv"
+    metrics_log = MetricsLog(live_metrics, s.ttt_steps, start) if rank == 0 else None
     weights = [s.step_weight**k for k in range(s.ttt_steps)]
     progress = tqdm(
         total=s.steps,
@@ -357,6 +361,8 @@ def train_drafter(s: TrainSettings) -> dict[str, float]:
     progress.close()
     final = _log_eval(model, head, s, draft_ids, step, metrics_log)
     if rank == 0:
+        with atomic_output(s.metrics) as tmp:
+            shutil.copyfile(live_metrics, tmp)
         module = model.module if hasattr(model, "module") else model
         export_vllm(module, aux_ids, s.out_vllm)
         export_speculators(
