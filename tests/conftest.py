@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -81,6 +82,14 @@ def demo_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     write_config(workdir)
     run_snakemake(workdir)
     return workdir
+
+
+@pytest.fixture
+def demo_copy(demo_run: Path, tmp_path: Path) -> Path:
+    """A private copy of the finished demo run (mtimes and Snakemake metadata kept)."""
+    copy = tmp_path / "run"
+    shutil.copytree(demo_run, copy, symlinks=True)
+    return copy
 
 
 def run_and_kill(workdir: Path, wait_for: str, *args: str, delay_s: float = 5.0) -> None:

@@ -36,14 +36,6 @@ def verify(workdir: Path) -> subprocess.CompletedProcess:
     )
 
 
-@pytest.fixture
-def demo_copy(demo_run: Path, tmp_path: Path) -> Path:
-    """A private copy of the finished demo run (mtimes and Snakemake metadata kept)."""
-    copy = tmp_path / "run"
-    shutil.copytree(demo_run, copy, symlinks=True)
-    return copy
-
-
 def test_demo_shards_verify_clean_with_the_documented_attributes(demo_run: Path) -> None:
     result = verify(demo_run)
     assert result.returncode == 0, result.stdout

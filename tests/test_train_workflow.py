@@ -30,13 +30,6 @@ def metrics(path: Path) -> list[dict]:
         return list(csv.DictReader(f, delimiter="\t"))
 
 
-@pytest.fixture
-def demo_copy(demo_run: Path, tmp_path: Path) -> Path:
-    copy = tmp_path / "run"
-    shutil.copytree(demo_run, copy, symlinks=True)
-    return copy
-
-
 def test_vocab_covers_the_assistant_tokens(demo_run: Path) -> None:
     report = json.loads((demo_run / "results/vocab/coverage.json").read_text())
     vocab = load_file(str(demo_run / "results/vocab/vocab.safetensors"))
