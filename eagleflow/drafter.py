@@ -222,7 +222,8 @@ class TargetHead(nn.Module):
         self.embed = nn.Embedding.from_pretrained(embed.float(), freeze=True)
         self.norm = RMSNorm(norm.shape[0], eps).requires_grad_(False)
         self.norm.weight.data.copy_(norm.float())
-        self.lm_head = lm_head  # [V, H] bf16, full rows: the argmax needs every target id
+        # [V, H] bf16, full rows: the argmax needs every target id. A buffer, so .to() moves it.
+        self.register_buffer("lm_head", lm_head, persistent=False)
 
     @torch.no_grad()
     def teacher(
@@ -231,7 +232,7 @@ class TargetHead(nn.Module):
         """Log-probs over the draft vocab [B, T, Dv] and whether the target's argmax lies in it."""
         normed = self.norm(last.float()).to(self.lm_head.dtype)
         full = normed @ self.lm_head.T  # [B, T, V]
-        in_draft = torch.zeros(full.shape[-1], dtype=torch.bool)
+        in_draft = torch.zeros(full.shape[-1], dtype=torch.bool, device=full.device)
         in_draft[draft_ids] = True
         argmax_in_draft = in_draft[full.argmax(-1)]
         draft = full[..., draft_ids].float()

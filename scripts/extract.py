@@ -22,5 +22,7 @@ if __name__ == "__main__":  # vLLM spawns worker processes that re-import this m
             chunk_bytes=int(params.chunk_mib * 2**20),
             max_model_len=params.max_model_len,
             batch_tokens=extract["batch_tokens"],
+            server_url=params.server_url,
+            server_concurrency=extract["server_concurrency"],
         )
     log.info("%s", summary)

@@ -6,6 +6,7 @@ import copy
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -24,6 +25,12 @@ TRAINING_AND_DOWNSTREAM = [
     "results/report/acceptance.png", "results/report/shards.png",
     "results/report/training.png", "results/report/vocab.png",
 ]  # fmt: skip
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
 
 
 def deep_merge(base: dict, override: dict) -> dict:

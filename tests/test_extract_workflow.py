@@ -10,15 +10,19 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
+import yaml
 from conftest import (
     REPO,
     TRAINING_AND_DOWNSTREAM,
+    free_port,
     run_and_kill,
     run_snakemake,
     scheduled_outputs,
     write_config,
 )
 
+from eagleflow.serve import running_server
 from eagleflow.shards import open_shard, store_checksums
 
 
@@ -154,3 +158,44 @@ def test_changed_generation_key_reschedules_extraction_downstream(demo_run: Path
     finally:
         config.write_text(original)
     assert len(scheduled_outputs(dry, "results/hidden/")) == len(hidden_stores(demo_run))
+
+
+def test_server_mode_extracts_every_shard_with_one_model_load(
+    demo_run: Path, demo_copy: Path, tmp_path: Path
+) -> None:
+    """Shard jobs send their prefills to one extraction server: the target is loaded once for
+    all of them, and the shards hold the same states as the in-process engine's."""
+    stores = hidden_stores(demo_copy)
+    target = demo_copy / "results/demo/target"
+    server_log = tmp_path / "server.log"
+    config = yaml.safe_load((demo_copy / "config.yaml").read_text())
+    with running_server(
+        target,
+        port=free_port(),
+        log_path=server_log,
+        extract_layer_ids=[2, 4, 5, 8],
+        storage_dir=tmp_path / "server-states",
+    ) as url:
+        config["extract"] = {"backend": "server", "server_url": url}
+        (demo_copy / "config.yaml").write_text(yaml.safe_dump(config))
+        run_snakemake(demo_copy, "hidden")  # the changed backend reruns every extract job
+    loads = server_log.read_text().count("Starting to load model")
+    jobs = len(list((demo_copy / "results/logs/extract").glob("*.log")))
+    print(f"server mode: {loads} model load for {len(stores)} shard jobs")
+    assert loads == 1 and jobs == len(stores) >= 2
+    assert verify(demo_copy).returncode == 0
+    identical = compared = 0
+    for shard, path in stores.items():
+        served = open_shard(path)
+        reference = open_shard(demo_run / path.relative_to(demo_copy))
+        assert served.attrs["backend"] == "server"
+        assert list(served.sample_ids) == list(reference.sample_ids)
+        for ours, theirs in zip(served.iter_samples(), reference.iter_samples(), strict=True):
+            assert torch.equal(ours["input_ids"], theirs["input_ids"])
+            for name in ("aux", "last"):
+                a, b = ours[name].float(), theirs[name].float()
+                # Other batch shapes than in-process may round a bf16 result differently.
+                assert (a - b).norm() <= 0.02 * b.norm(), (shard, ours["sample_id"], name)
+                identical += int(torch.equal(a, b))
+                compared += 1
+    print(f"server vs in-process states: {identical}/{compared} arrays bit-identical")

@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import json
-import socket
 import sys
 from pathlib import Path
 
 import pytest
-from conftest import run_and_kill, run_snakemake, scheduled_outputs, write_config
+from conftest import free_port, run_and_kill, run_snakemake, scheduled_outputs, write_config
 
 from eagleflow.files import read_jsonl
 from eagleflow.serve import running_server
@@ -21,12 +20,6 @@ def responses(workdir: Path) -> dict[str, dict]:
         for shard in plan["shards"]
         for record in read_jsonl(workdir / f"results/responses/shard-{shard['shard']}.jsonl")
     }
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def test_in_process_responses_keep_engine_ids_and_thinking(demo_run: Path) -> None:
