@@ -4,7 +4,9 @@ Measures, each job in a subprocess of its own:
   (a) bare vLLM prefill: the extraction engine's settings without the extraction, max_tokens=1;
   (b) our vLLM extraction into a compressed zarr shard (`extract_shard`), at 1x and 4x the
       shard size (the 4x shard repeats the samples under new ids);
-  (c) a naive HF loop: one sample at a time, `output_hidden_states=True`, `torch.save` per sample.
+  (c) a naive HF loop: one sample at a time, `output_hidden_states=True`, `torch.save` per sample;
+  (d) server mode: the same shard through one long-running extraction server
+      (`python -m eagleflow.serve --extract-layers`), server start excluded.
 Prints tokens/s, the ratios b/a (goal >= 0.90) and b/c (goal >= 3.5), stored activation bytes
 per token against raw bf16 (goal <= 0.77) and the peak memory of an extraction job at 1x and
 4x (goal: flat), as a markdown table.
@@ -32,7 +34,7 @@ import psutil
 
 from eagleflow.files import read_jsonl, write_jsonl
 
-JOBS = ("generate", "prefill", "extract", "naive")
+JOBS = ("generate", "prefill", "extract", "naive", "server")
 
 
 def samples_from_records(records: list[dict]) -> list[dict]:
@@ -107,6 +109,34 @@ def job_extract(args: argparse.Namespace) -> dict:
     from eagleflow.extract import extract_shard
 
     return extract_shard(args.tokens, args.model, args.out, backend=args.backend)
+
+
+def job_server(args: argparse.Namespace) -> dict:
+    """`extract_shard` into `--out` through an extraction server started here (its start-up,
+    a one-time cost shared by all shard jobs, is not timed)."""
+    import socket
+
+    from eagleflow.extract import extract_shard
+    from eagleflow.layers import default_layer_ids, target_num_layers
+    from eagleflow.serve import running_server
+
+    num_layers = target_num_layers(args.model)
+    aux_ids, last_id = default_layer_ids(num_layers)
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    storage = Path(args.out).with_suffix(".states")
+    with running_server(
+        args.model, port=port, extract_layer_ids=[*aux_ids, last_id], storage_dir=storage
+    ) as url:
+        return extract_shard(
+            args.tokens,
+            args.model,
+            args.out,
+            backend="server",
+            server_url=url,
+            server_concurrency=args.server_concurrency,
+        )
 
 
 def job_naive(args: argparse.Namespace) -> dict:
@@ -199,12 +229,13 @@ def main() -> None:
     parser.add_argument("--tokens", help=argparse.SUPPRESS)
     parser.add_argument("--out", help=argparse.SUPPRESS)
     parser.add_argument("--backend", default="vllm", help=argparse.SUPPRESS)
+    parser.add_argument("--server-concurrency", type=int, default=8)
     args = parser.parse_args()
     os.environ["HF_HUB_OFFLINE"] = "1"
 
     if args.job:
         job = {"generate": job_generate, "prefill": job_prefill, "extract": job_extract,
-               "naive": job_naive}[args.job]  # fmt: skip
+               "naive": job_naive, "server": job_server}[args.job]  # fmt: skip
         args.result.write_text(json.dumps(job(args)) + "\n")
         return
 
@@ -222,6 +253,8 @@ def main() -> None:
     extract_1x = run_job("extract", args, work, tokens=tokens_1x, out=work / "shard-1x.zarr")
     extract_4x = run_job("extract", args, work, tokens=tokens_4x, out=work / "shard-4x.zarr")
     naive = run_job("naive", args, work, tokens=tokens_1x, out=work / "naive")
+    server = run_job("server", args, work, tokens=tokens_1x, out=work / "shard-server.zarr",
+                     server_concurrency=args.server_concurrency)  # fmt: skip
 
     raw_per_token = extract_1x["activation_raw_bytes"] / extract_1x["tokens"]
     stored_per_token = extract_1x["activation_stored_bytes"] / extract_1x["tokens"]
@@ -233,6 +266,8 @@ def main() -> None:
         "extract_tok_s": extract_1x["tokens_per_s"],
         "extract_4x_tok_s": extract_4x["tokens_per_s"],
         "naive_tok_s": naive["tokens_per_s"],
+        "server_tok_s": server["tokens_per_s"],
+        "server_over_extract": server["tokens_per_s"] / extract_1x["tokens_per_s"],
         "extract_over_prefill": extract_1x["tokens_per_s"] / prefill_1x["tokens_per_s"],
         "extract_over_prefill_4x": extract_4x["tokens_per_s"] / prefill_4x["tokens_per_s"],
         "extract_over_naive": extract_1x["tokens_per_s"] / naive["tokens_per_s"],
@@ -252,6 +287,8 @@ def main() -> None:
         ("(a) bare vLLM prefill, tok/s", f"{prefill_1x['tokens_per_s']:.0f}", ""),
         ("(b) vLLM extraction to zarr, tok/s", f"{extract_1x['tokens_per_s']:.0f}", ""),
         ("(c) naive HF loop + torch.save, tok/s", f"{naive['tokens_per_s']:.0f}", ""),
+        ("(d) extraction through one vLLM server, tok/s", f"{server['tokens_per_s']:.0f}", ""),
+        ("d / b (server mode vs in-process)", f"{figures['server_over_extract']:.2f}", ""),
         ("b / a", f"{figures['extract_over_prefill']:.2f}", ">= 0.90"),
         ("b / c", f"{figures['extract_over_naive']:.2f}", ">= 3.5"),
         ("activation bytes/token: stored / raw bf16",

@@ -48,10 +48,10 @@ class TrainSettings:
     out_speculators: str
     metrics: str
     checkpoint_dir: str
-    steps: int = 540
-    batch_tokens: int = 8192
+    steps: int = 1500
+    batch_tokens: int = 2048
     learning_rate: float = 1e-2
-    warmup_steps: int = 50
+    warmup_steps: int = 100
     min_lr_ratio: float = 0.1
     weight_decay: float = 0.0
     grad_clip: float = 1.0
@@ -59,8 +59,8 @@ class TrainSettings:
     step_weight: float = 0.8
     heldout_fraction: float = 0.05
     seed: int = 0
-    checkpoint_every: int = 200
-    eval_every: int = 270
+    checkpoint_every: int = 500
+    eval_every: int = 750
     log_every: int = 10
     num_workers: int = 1
     num_speculative_tokens: int = 3

@@ -23,6 +23,10 @@ except WorkflowError:
 raise_if_invalid(missing_paths(config))
 
 
+# GPUs one engine job holds (generation, extraction, serving check; training: one per process).
+# Local runs cap the GPU jobs running at once with `--resources gpu=N` (profiles/default: 1).
+GPUS_PER_JOB = 1 if shutil.which("nvidia-smi") else 0
+
 DEMO_TARGET = "results/demo/target"
 DEMO_PROMPTS = "results/demo/prompts.jsonl"
 

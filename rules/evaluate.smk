@@ -36,6 +36,8 @@ rule evaluate_serving:
     conda:
         VLLM_ENV
     threads: 2
+    resources:
+        gpu=GPUS_PER_JOB,
     params:
         k=config["evaluate"]["serving_k"],
         max_prompts=config["evaluate"]["max_prompts"],

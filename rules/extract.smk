@@ -17,6 +17,7 @@ rule extract:
     threads: 2
     resources:
         mem_mb=6000,
+        gpu=GPUS_PER_JOB,
     params:
         backend=config["extract"]["backend"],
         server_url=config["extract"]["server_url"],

@@ -17,6 +17,7 @@ rule generate:
     threads: 2
     resources:
         mem_mb=6000,
+        gpu=GPUS_PER_JOB,
     params:
         backend=config["generation"]["backend"],
         temperature=config["generation"]["temperature"],

@@ -10,8 +10,8 @@ import yaml
 from test_status import AUX, HIDDEN, fake_results
 
 from eagleflow.sizing import (
+    DEFAULT_RATIO,
     DEFAULT_STORED_BYTES_PER_SHARD,
-    MEASURED_DEMO_RATIO,
     PLAN_MAX_SAMPLES_PER_SHARD,
     main,
     project,
@@ -29,7 +29,7 @@ def run_json(capsys: pytest.CaptureFixture, *argv: str) -> dict:
 def test_reference_case_raw_bytes_are_exact(capsys: pytest.CaptureFixture) -> None:
     sizing = run_json(capsys, *REFERENCE)
     assert sizing["raw_bytes"] == 10000 * 1740 * ((3 + 1) * 7168 * 2 + 5)
-    assert sizing["stored_bytes"] == round(sizing["raw_bytes"] / MEASURED_DEMO_RATIO)
+    assert sizing["stored_bytes"] == round(sizing["raw_bytes"] / DEFAULT_RATIO)
     assert sizing["config"] == {"plan": {"shard_tokens": sizing["shard_tokens"]}}
     # Without a throughput, shards aim at the default stored size and never exceed it.
     assert 0.9 < sizing["stored_bytes_per_shard"] / DEFAULT_STORED_BYTES_PER_SHARD <= 1.0
@@ -124,7 +124,7 @@ def test_finished_run_projection_against_disk(
     assert rows["tokens"]["relative_error"] == 0 and rows["raw bytes"]["relative_error"] == 0
     measured = rows["compression"]["actual"]
     stored = rows["stored bytes"]
-    assert stored["relative_error"] == pytest.approx(measured / MEASURED_DEMO_RATIO - 1, abs=1e-3)
+    assert stored["relative_error"] == pytest.approx(measured / DEFAULT_RATIO - 1, abs=1e-3)
     # With the measured ratio the projection matches what is on disk.
     exact = run_json(capsys, "--results", str(results), *shape, "--ratio", str(measured))
     assert abs({r["quantity"]: r for r in exact["rows"]}["stored bytes"]["relative_error"]) < 1e-3

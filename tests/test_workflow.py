@@ -7,6 +7,12 @@ from pathlib import Path
 
 from conftest import run_snakemake, write_config
 
+from eagleflow.demo.quality import (
+    MIN_DISTINCT_4,
+    MIN_THINK_WELLFORMED,
+    distinct_ngram_ratio,
+    split_think,
+)
 from eagleflow.files import read_jsonl
 
 
@@ -60,3 +66,21 @@ def test_demo_run_builds_target_prompts_and_responses(demo_run: Path) -> None:
     # A finished workflow has nothing left to do.
     nothing = run_snakemake(demo_run, "-n")
     assert "Nothing to be done" in nothing.stdout + nothing.stderr
+
+
+def test_demo_target_answers_are_varied_and_well_formed(demo_run: Path) -> None:
+    """The greedy answers the workflow generated (the same measure as
+    `python -m eagleflow.demo.quality`): a looping or half-trained target fails here."""
+    plan = json.loads((demo_run / "results/plan/plan.json").read_text())
+    records = [
+        record
+        for shard in plan["shards"][:2]
+        for record in read_jsonl(demo_run / f"results/responses/shard-{shard['shard']}.jsonl")
+    ][:200]
+    eos = json.loads((demo_run / "results/demo/target/config.json").read_text())["eos_token_id"]
+    ids = [[t for t in r["response_token_ids"] if t != eos] for r in records]
+    distinct_4 = distinct_ngram_ratio(ids)
+    wellformed = sum(split_think(r["response_text"]) is not None for r in records) / len(records)
+    print(f"demo target answers: distinct-4 {distinct_4:.3f}, well-formed think {wellformed:.1%}")
+    assert len(records) == 200
+    assert distinct_4 >= MIN_DISTINCT_4 and wellformed >= MIN_THINK_WELLFORMED
