@@ -33,12 +33,24 @@ def schema_errors(config: dict, schema_path: str | Path) -> list[str]:
     return lines
 
 
+# Any of these makes a tokenizer that transformers and vLLM can load.
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json")
+
+
 def missing_paths(config: dict) -> list[str]:
-    """Configured input paths that do not exist, each named by its key."""
+    """Configured input paths that do not exist or lack what the workflow reads from them,
+    each named by its key."""
     missing = []
     model = config["target"]["model"]
     if model and not Path(model).is_dir():
         missing.append(f"target.model: {model} is not a directory")
+    elif model and not (Path(model) / "config.json").is_file():
+        missing.append(f"target.model: {model} has no config.json (a Hugging Face model directory)")
+    elif model and not any((Path(model) / name).is_file() for name in TOKENIZER_FILES):
+        missing.append(
+            f"target.model: {model} has no tokenizer ({', '.join(TOKENIZER_FILES)}): prompts are "
+            "rendered with the target's own tokenizer and chat template"
+        )
     for i, path in enumerate(config["prompts"]["paths"]):
         if not Path(path).is_file():
             missing.append(f"prompts.paths[{i}]: {path} does not exist")

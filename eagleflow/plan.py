@@ -106,6 +106,19 @@ def write_plan(
     return summary
 
 
+def _target_tokenizer(model_dir: str | Path):
+    """The target's tokenizer, after checking that its architecture is one transformers knows
+    (the first job that reads the target says so, not the engine much later)."""
+    from transformers import AutoConfig, AutoTokenizer
+
+    try:
+        AutoConfig.from_pretrained(model_dir)
+        return AutoTokenizer.from_pretrained(model_dir)
+    except (ValueError, OSError, KeyError) as err:
+        reason = str(err).splitlines()[0]
+        raise InputError(f"target.model: {model_dir} cannot be loaded: {reason}") from None
+
+
 def plan_from_prompts(
     prompts_path: str | Path,
     model_dir: str | Path,
@@ -121,14 +134,12 @@ def plan_from_prompts(
 
     A prompt that leaves no room for a response within `max_model_len` is an error naming it.
     """
-    from transformers import AutoTokenizer
-
     from eagleflow.chat import render_prompt_ids
 
     prompts = read_jsonl(prompts_path)
     sources = {p["id"]: p.get("source", p["id"]) for p in prompts}
     requests = generation_requests(prompts, turns)
-    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    tokenizer = _target_tokenizer(model_dir)
     prompt_ids = [render_prompt_ids(tokenizer, r["messages"]) for r in requests]
     for request, ids in zip(requests, prompt_ids, strict=True):
         if len(ids) >= max_model_len:

@@ -25,11 +25,8 @@ count of the cases added here):
    tests/test_extract_workflow.py::test_changed_layer_ids_rerun_every_extract_job_only.
    The check: covered in tests/test_extract.py::test_bad_layer_ids_are_named and
    tests/test_extract.py::test_extract_shard_refuses_bad_ids.
-9. target.model without a tokenizer, or of an unsupported architecture: no check exists, so
-   no test. Without a tokenizer `snakemake -n` passes and the plan job dies in
-   AutoTokenizer.from_pretrained with a transformers ValueError and its traceback on the
-   terminal (plan.log empty). An unknown architecture passes `snakemake -n` and the plan job;
-   the first job to read it is generate (the engine).
+9. target.model without a tokenizer: here, at `snakemake -n`. Of an architecture transformers
+   does not know: here, in the plan job (the first job that reads the target).
 10. config paths that do not exist: target.model and prompts.paths covered in
     tests/test_config.py::test_dry_run_fails_on_paths_that_do_not_exist; vocab.reuse (checked
     by the vocab job, not at `snakemake -n`): here.
@@ -42,6 +39,7 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 import subprocess
 from pathlib import Path
 
@@ -192,3 +190,28 @@ def test_bad_aux_layer_id_fails_the_dry_run_naming_the_id(
     # Snakemake lists the input function's two frames under "Traceback:" after the message;
     # a Python traceback of its own would mean the id crashed something instead.
     assert "Traceback (most recent call last)" not in output
+
+
+def test_target_without_tokenizer_fails_the_dry_run_naming_it(tmp_path: Path) -> None:
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps({"architectures": ["LlamaForCausalLM"]}))
+    write_config(tmp_path, {"target": {"model": str(model)}})
+    result = run_snakemake(tmp_path, "-n", check=False)
+    assert result.returncode != 0
+    assert f"target.model: {model} has no tokenizer" in result.stdout + result.stderr
+    assert not (tmp_path / "results").exists()
+
+
+def test_unsupported_architecture_fails_the_plan_naming_it(demo_run: Path, tmp_path: Path) -> None:
+    model = tmp_path / "model"
+    shutil.copytree(demo_run / "results/demo/target", model)
+    config = json.loads((model / "config.json").read_text())
+    config.update(model_type="foo", architectures=["FooForCausalLM"])
+    (model / "config.json").write_text(json.dumps(config))
+    prompts = write_prompt_lines(tmp_path / "prompts.jsonl", [{"prompt": "Sort 3, 1, 2."}])
+    write_config(tmp_path, {"target": {"model": str(model)}, "prompts": {"paths": [str(prompts)]}})
+    result = run_snakemake(tmp_path, "results/plan", check=False)
+    message = f"target.model: {model} cannot be loaded: The checkpoint you are trying to load has "
+    assert_one_clean_error(result, message + "model type `foo`", tmp_path / "results/logs/plan.log")
+    assert not (tmp_path / "results/plan").exists()
