@@ -68,6 +68,10 @@ def aux_layer_ids(wildcards=None):
     return resolve_aux_layer_ids(config["extract"]["aux_layer_ids"], num_layers)
 
 
+# Bad layer ids fail every command at once, a dry run in a fresh directory included.
+aux_layer_ids()
+
+
 def all_responses(wildcards=None):
     return expand("results/responses/shard-{shard}.jsonl", shard=planned_shards())
 
