@@ -85,5 +85,11 @@ TRAIN_LAYOUT_KEYS = ("nproc", "num_workers")
 
 
 def train_settings(wildcards=None):
-    """The training keys that decide the drafter (all but the layout keys)."""
-    return {k: v for k, v in config["train"].items() if k not in TRAIN_LAYOUT_KEYS}
+    """The training keys that decide the drafter (all but the layout keys), in a fixed order."""
+    return {k: v for k, v in sorted(config["train"].items()) if k not in TRAIN_LAYOUT_KEYS}
+
+
+def config_section(name):
+    """A config section as a params value. Sorted: Snakemake compares dict params in order, and
+    the same keys reordered in config.yaml must not rerun anything."""
+    return dict(sorted(config[name].items()))

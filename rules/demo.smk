@@ -14,7 +14,7 @@ rule demo_target:
     resources:
         mem_mb=4000,
     params:
-        settings=config["demo_target"],
+        settings=config_section("demo_target"),
     script:
         "../scripts/demo_target.py"
 

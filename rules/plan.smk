@@ -14,6 +14,6 @@ checkpoint plan:
     params:
         turns=config["generation"]["turns"],
         max_model_len=config["target"]["max_model_len"],
-        settings=config["plan"],
+        settings=config_section("plan"),
     script:
         "../scripts/plan.py"

@@ -177,7 +177,7 @@ def test_server_mode_extracts_every_shard_with_one_model_load(
         storage_dir=tmp_path / "server-states",
     ) as url:
         config["extract"] = {"backend": "server", "server_url": url}
-        (demo_copy / "config.yaml").write_text(yaml.safe_dump(config))
+        (demo_copy / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
         run_snakemake(demo_copy, "hidden")  # the changed backend reruns every extract job
     loads = server_log.read_text().count("Starting to load model")
     jobs = len(list((demo_copy / "results/logs/extract").glob("*.log")))

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import yaml
 from conftest import run_snakemake, write_config
 
 from eagleflow.demo.quality import (
@@ -63,9 +64,18 @@ def test_demo_run_builds_target_prompts_and_responses(demo_run: Path) -> None:
     ]
     assert len(plan["shards"]) >= 2
     assert len(responses) == plan["samples"] == 300
-    # A finished workflow has nothing left to do.
+    # A finished workflow has nothing left to do, also after its config.yaml is rewritten with
+    # the same values in another key order.
     nothing = run_snakemake(demo_run, "-n")
     assert "Nothing to be done" in nothing.stdout + nothing.stderr
+    config = demo_run / "config.yaml"
+    original = config.read_text()
+    try:
+        config.write_text(yaml.safe_dump(yaml.safe_load(original), sort_keys=True))
+        reordered = run_snakemake(demo_run, "-n")
+    finally:
+        config.write_text(original)
+    assert "Nothing to be done" in reordered.stdout + reordered.stderr
 
 
 def test_demo_target_answers_are_varied_and_well_formed(demo_run: Path) -> None:
