@@ -367,20 +367,24 @@ def extract_server(
         ThreadPoolExecutor(concurrency) as pool,
         _progress(len(samples), "extract (server)") as advance,
     ):
-        # A window of 2x `concurrency` requests ahead of the one being appended: the server
-        # stays busy, and the files waiting in its storage stay bounded whatever the shard size.
-        window: collections.deque = collections.deque()
-        for k, sample in enumerate(samples):
-            window.append(pool.submit(prefill, sample))
-            if len(window) < 2 * concurrency and k + 1 < len(samples):
-                continue
-            while window and (len(window) >= 2 * concurrency or k + 1 == len(samples)):
-                done = k + 1 - len(window)
-                path = window.popleft().result()
-                if done == 0:
-                    _server_info(url, path, ids, model_dir)
-                _append_states_file(writer, samples[done], path, ids, hidden_size)
-                advance(1, len(samples[done]["input_ids"]))
+        # Up to 2x `concurrency` requests ahead of the one being appended: the server stays
+        # busy, and the files waiting in its storage stay bounded whatever the shard size.
+        pending: collections.deque = collections.deque()
+
+        def append_oldest() -> None:
+            sample, request = pending.popleft()
+            path = request.result()
+            if writer.num_samples == 0:  # the first file: check whose server wrote it
+                _server_info(url, path, ids, model_dir)
+            _append_states_file(writer, sample, path, ids, hidden_size)
+            advance(1, len(sample["input_ids"]))
+
+        for sample in samples:
+            pending.append((sample, pool.submit(prefill, sample)))
+            if len(pending) == 2 * concurrency:
+                append_oldest()
+        while pending:
+            append_oldest()
     return time.monotonic() - start
 
 

@@ -83,6 +83,13 @@ def write_server_info(storage_dir: str | Path, model_dir: str | Path, layer_ids:
     (storage_dir / SERVER_INFO).write_text(json.dumps(info))
 
 
+def _server_env() -> dict[str, str]:
+    """The server's environment: offline, and without the BLAS thread counts a Snakemake job
+    exports (as in build_llm: they would oversubscribe the engine worker's cores)."""
+    env = {k: v for k, v in os.environ.items() if k not in BLAS_THREAD_VARIABLES}
+    return {**env, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+
+
 def wait_until_ready(url: str, process: subprocess.Popen, timeout_s: float) -> None:
     """Poll `url/v1/models` until the server answers; fail early if the process died."""
     import requests
@@ -114,9 +121,7 @@ def running_server(
     """Start a vLLM server, yield its base URL once it answers, stop it (and its workers) after.
 
     With `extract_layer_ids` it is an extraction server (see `serve_command`)."""
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
-    for name in BLAS_THREAD_VARIABLES:  # as in build_llm: they would oversubscribe the worker
-        env.pop(name, None)
+    env = _server_env()
     if extract_layer_ids is not None and storage_dir is not None:
         write_server_info(storage_dir, model_dir, extract_layer_ids)
     log = open(log_path, "w") if log_path else subprocess.DEVNULL
@@ -176,8 +181,7 @@ def main(argv: list[str] | None = None) -> None:
         extract_layer_ids=args.extract_layers,
         storage_dir=args.storage,
     )
-    env = {key: value for key, value in os.environ.items() if key not in BLAS_THREAD_VARIABLES}
-    os.execvpe(command[0], command, {**env, "HF_HUB_OFFLINE": "1"})
+    os.execvpe(command[0], command, _server_env())
 
 
 if __name__ == "__main__":
