@@ -37,6 +37,11 @@ def build_llm(
     """
     # Tokenizer and config look-ups must never try to reach a model hub.
     os.environ["HF_HUB_OFFLINE"] = "1"
+    # The engine core in this process: requests added together are scheduled together. A
+    # core in its own process starts on the first requests while the rest are still arriving,
+    # so batches (and with them the kernels' rounding) varied from run to run, and a
+    # regenerated shard was not always bit-identical to the original.
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     import vllm
     from vllm.platforms import current_platform
 

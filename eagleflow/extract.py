@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import fcntl
 import json
 import os
 import shutil
@@ -211,14 +212,31 @@ def _finished_in_order(
             internal = llm.enqueue(prompts, params, use_tqdm=False)
             requests.update(zip((r.rsplit("-", 1)[0] for r in internal), batch, strict=True))
             queued += len(batch)
-        if done not in finished:
+        # The engine core runs in this process (eagleflow.engine): a request is reported
+        # finished one step before the connector writes its file, so step until it is written.
+        if done not in finished or not _written(finished[done]):
             for out in llm.llm_engine.step():
                 if out.finished:
                     finished[requests.pop(out.request_id)] = _hidden_states_path(out)
-        while done in finished:
+        while done in finished and _written(finished[done]):
             yield done, finished.pop(done)
             pending -= len(samples[done]["input_ids"])
             done += 1
+
+
+def _written(path: str) -> bool:
+    """Whether the connector has finished writing `path` (it holds the lock file until then)."""
+    try:
+        lock = os.open(path + ".lock", os.O_RDONLY)
+    except FileNotFoundError:
+        return False
+    try:
+        fcntl.flock(lock, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        return True
+    except BlockingIOError:
+        return False
+    finally:
+        os.close(lock)
 
 
 def _hidden_states_path(out: Any) -> str:

@@ -5,15 +5,15 @@ from __future__ import annotations
 import copy
 import os
 import shutil
-import signal
 import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 import yaml
+
+from eagleflow.faults import scheduled_outputs  # noqa: F401  (re-exported for the tests)
 
 REPO = Path(__file__).resolve().parents[1]
 TEST_CONFIG = REPO / "tests" / "config.test.yaml"
@@ -97,43 +97,3 @@ def demo_copy(demo_run: Path, tmp_path: Path) -> Path:
     copy = tmp_path / "run"
     shutil.copytree(demo_run, copy, symlinks=True)
     return copy
-
-
-def run_and_kill(workdir: Path, wait_for: str, *args: str, delay_s: float = 5.0) -> None:
-    """Start the workflow one job at a time, then SIGKILL it and every process it started
-    (engines included) `delay_s` after a file matching the glob `wait_for` (relative to
-    `workdir`) appears: a crash in the middle of a job."""
-    cmd = [
-        sys.executable, "-m", "snakemake",
-        "--snakefile", str(REPO / "Snakefile"),
-        "--directory", str(workdir),
-        "--cores", "2", "--jobs", "1",
-        *args,
-    ]  # fmt: skip
-    run = subprocess.Popen(
-        cmd,
-        cwd=workdir,
-        start_new_session=True,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    deadline = time.monotonic() + 900
-    while not list(workdir.glob(wait_for)):
-        if run.poll() is not None or time.monotonic() > deadline:
-            pytest.fail(f"workflow ended or timed out before {wait_for} appeared")
-        time.sleep(0.5)
-    time.sleep(delay_s)
-    os.killpg(run.pid, signal.SIGKILL)
-    run.wait()
-    # A killed Snakemake leaves its lock behind; the user's next step is the same.
-    run_snakemake(workdir, "--unlock")
-
-
-def scheduled_outputs(dry_run_stdout: str, prefix: str) -> list[str]:
-    """Output paths starting with `prefix` that a `snakemake -n` listing schedules."""
-    outputs = []
-    for line in dry_run_stdout.splitlines():
-        line = line.strip()
-        if line.startswith("output: "):
-            outputs += [p for p in line[len("output: ") :].split(", ") if p.startswith(prefix)]
-    return sorted(outputs)

@@ -9,21 +9,19 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
 import torch
 import yaml
 from conftest import (
     REPO,
     TRAINING_AND_DOWNSTREAM,
     free_port,
-    run_and_kill,
     run_snakemake,
     scheduled_outputs,
     write_config,
 )
 
 from eagleflow.serve import running_server
-from eagleflow.shards import open_shard, store_checksums
+from eagleflow.shards import open_shard
 
 
 def hidden_stores(workdir: Path) -> dict[str, Path]:
@@ -50,66 +48,6 @@ def test_demo_shards_verify_clean_with_the_documented_attributes(demo_run: Path)
     assert attrs["logical_dtype"] == "bfloat16" and attrs["backend"] == "vllm"
     for key in ("target_fingerprint", "tokenizer_fingerprint", "backend_version"):
         assert attrs[key], key
-
-
-def test_corrupt_chunk_is_named_and_repaired_bit_identically(demo_copy: Path) -> None:
-    stores = hidden_stores(demo_copy)
-    victim = stores["00001"]
-    original = store_checksums(victim)
-    others = {s: store_checksums(p) for s, p in stores.items() if s != "00001"}
-    chunk = sorted(p for p in (victim / "aux").rglob("*") if p.is_file() and p.name != "zarr.json")[
-        0
-    ]
-    data = bytearray(chunk.read_bytes())
-    data[len(data) // 3 : len(data) // 3 + 4] = b"\xde\xad\xbe\xef"
-    chunk.write_bytes(bytes(data))
-
-    result = verify(demo_copy)
-    assert result.returncode == 1
-    assert "results/hidden/shard-00001.zarr: aux" in result.stdout
-    assert "checksum" in result.stdout
-    assert "shard-00000.zarr" not in result.stdout.split("need regenerating")[0]
-    command = shlex.split(result.stdout.strip().splitlines()[-1])
-    assert command == [
-        "snakemake", "--cores", "all", "--forcerun", "results/hidden/shard-00001.zarr"
-    ]  # fmt: skip
-    dry = run_snakemake(demo_copy, *command[1:], "-n").stdout
-    assert scheduled_outputs(dry, "results/") == sorted(
-        ["results/hidden/shard-00001.zarr", *TRAINING_AND_DOWNSTREAM]
-    )
-    # Run it up to the shards only: the downstream jobs it also schedules (training, evaluation)
-    # are the subject of other tests and would double this test's time.
-    run_snakemake(demo_copy, *command[1:], "hidden")
-    assert store_checksums(victim) == original
-    assert {s: store_checksums(p) for s, p in stores.items() if s != "00001"} == others
-    assert verify(demo_copy).returncode == 0
-
-
-@pytest.mark.skipif(sys.platform != "linux", reason="process groups and SIGKILL")
-def test_killed_extraction_redoes_only_the_interrupted_shard(
-    demo_run: Path, demo_copy: Path
-) -> None:
-    reference = {s: store_checksums(p) for s, p in hidden_stores(demo_run).items()}
-    stores = hidden_stores(demo_copy)
-    for store in stores.values():
-        shutil.rmtree(store)
-    # Killed once the first extract job has finished (Snakemake wrote its benchmark) and the
-    # next one is loading its engine: a job still shutting down its engine is rightly redone.
-    for benchmark in (demo_copy / "results/benchmarks/extract").glob("*.tsv"):
-        benchmark.unlink()
-    run_and_kill(demo_copy, "results/benchmarks/extract/*.tsv", "hidden", delay_s=3.0)
-    done = {s for s, p in stores.items() if p.exists()}
-    assert done and len(done) < len(stores)
-    # No partial store under a final name: whatever exists is complete and clean.
-    for shard in done:
-        assert store_checksums(stores[shard]) == reference[shard]
-    dry = run_snakemake(demo_copy, "hidden", "-n").stdout
-    assert scheduled_outputs(dry, "results/hidden/") == [
-        f"results/hidden/shard-{s}.zarr" for s in sorted(set(stores) - done)
-    ]
-    run_snakemake(demo_copy, "hidden")
-    assert {s: store_checksums(p) for s, p in stores.items()} == reference
-    assert not list((demo_copy / "results/hidden").glob(".tmp-*"))
 
 
 def test_changed_layer_ids_rerun_every_extract_job_only(demo_run: Path) -> None:

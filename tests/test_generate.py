@@ -3,11 +3,9 @@
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
-import pytest
-from conftest import free_port, run_and_kill, run_snakemake, scheduled_outputs, write_config
+from conftest import free_port, run_snakemake, write_config
 
 from eagleflow.files import read_jsonl
 from eagleflow.serve import running_server
@@ -101,41 +99,3 @@ def test_changed_temperature_reruns_generation_only(demo_run: Path) -> None:
     assert "Params have changed since last execution" in dry
     for upstream in ("demo_target", "demo_prompts", "normalize_prompts", "plan"):
         assert f"rule {upstream}:" not in dry and f"checkpoint {upstream}:" not in dry
-
-
-@pytest.mark.skipif(sys.platform != "linux", reason="process groups and SIGKILL")
-def test_killed_generation_redoes_only_the_interrupted_shard(
-    demo_run: Path, tmp_path: Path
-) -> None:
-    write_config(
-        tmp_path,
-        {
-            "target": {"model": str(demo_run / "results/demo/target")},
-            "prompts": {"limit": 40},
-            "plan": {"shard_tokens": 3000},
-        },
-    )
-    run_snakemake(tmp_path, "results/plan")
-    shards = json.loads((tmp_path / "results/plan/plan.json").read_text())["shards"]
-    assert len(shards) >= 3
-    out = tmp_path / "results/responses"
-    targets = [f"results/responses/shard-{s['shard']}.jsonl" for s in shards]
-    # Killed once the first generate job has finished (Snakemake wrote its benchmark) and the
-    # second is running.
-    run_and_kill(tmp_path, "results/benchmarks/generate/*.tsv", *targets, delay_s=3.0)
-    done = sorted(p.name for p in out.glob("shard-*.jsonl"))
-    assert done and len(done) < len(shards), done
-    for shard in shards:  # whatever is under a final name is complete
-        if f"shard-{shard['shard']}.jsonl" in done:
-            assert len(read_jsonl(out / f"shard-{shard['shard']}.jsonl")) == shard["samples"]
-    finished_mtimes = {name: (out / name).stat().st_mtime_ns for name in done}
-
-    rerun = scheduled_outputs(run_snakemake(tmp_path, "-n", *targets).stdout, "results/responses/")
-    assert rerun == [
-        f"results/responses/shard-{s['shard']}.jsonl"
-        for s in shards
-        if f"shard-{s['shard']}.jsonl" not in done
-    ]
-    run_snakemake(tmp_path, *targets)
-    assert {n: (out / n).stat().st_mtime_ns for n in done} == finished_mtimes
-    assert len(list(out.glob("shard-*.jsonl"))) == len(shards)

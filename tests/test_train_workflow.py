@@ -15,13 +15,13 @@ from pathlib import Path
 import pytest
 from conftest import (
     TRAINING_AND_DOWNSTREAM,
-    run_and_kill,
     run_snakemake,
     scheduled_outputs,
     write_config,
 )
 from safetensors.torch import load_file
 
+from eagleflow.faults import kill_when_running
 from eagleflow.train import TrainSettings
 
 
@@ -71,7 +71,8 @@ def test_killed_training_resumes_from_the_last_checkpoint(demo_copy: Path) -> No
     write_config(demo_copy, {"train": {"steps": 60, "checkpoint_every": 10, "log_every": 1}})
     # The copied checkpoints belong to the demo run's settings: wait for this run's own.
     shutil.rmtree(demo_copy / "results/checkpoints/drafter")
-    run_and_kill(demo_copy, "results/checkpoints/drafter/step-0000020.pt", "drafter", delay_s=1.0)
+    checkpoint = demo_copy / "results/checkpoints/drafter/step-0000020.pt"
+    kill_when_running(demo_copy, [checkpoint], 1.0, "drafter")
     # Exports are written under a temporary name and renamed: none is half-made.
     assert not list((demo_copy / "results/drafter").glob(".tmp-*"))
     run_snakemake(demo_copy, "drafter")

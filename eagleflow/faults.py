@@ -1,0 +1,365 @@
+"""Fault injection for the reliability suites: kill the workflow at a random moment of a stage,
+corrupt hidden-state shards, then check that a plain rerun (or the one repair command `verify`
+prints) restores outputs bit-identical to those of an uninterrupted run.
+
+Each trial works on a fresh copy of a finished run (`reference`), so trials are independent and
+the reference's outputs are the checksums to meet. `tests/test_faults.py` runs a few trials in
+CI; `bench/faults.py` runs many and prints the tallies.
+"""
+
+from __future__ import annotations
+
+import csv
+import hashlib
+import json
+import os
+import random
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from eagleflow.shards import store_checksums, verify_shard
+from eagleflow.verify import verify_results
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@dataclass(frozen=True)
+class Stage:
+    rule: str
+    target: str  # the Snakefile target that stops after this stage
+    output: str  # output of one job, `{shard}` filled in for per-shard rules
+    per_shard: bool
+    state: tuple[str, ...] = ()  # what a fresh run of the stage starts without
+
+
+STAGES = {
+    "generation": Stage("generate", "responses", "results/responses/shard-{shard}.jsonl", True),
+    "extraction": Stage("extract", "hidden", "results/hidden/shard-{shard}.zarr", True),
+    "training": Stage(
+        "train",
+        "drafter",
+        "results/drafter/vllm",
+        False,
+        state=("results/checkpoints/drafter", "results/drafter/speculators"),
+    ),
+}
+
+CORRUPTIONS = ("bit_flip", "truncate", "delete_chunk", "delete_shard")
+
+
+def checksums(path: Path) -> dict[str, str]:
+    """sha256 per file of a file or directory (keys relative to it)."""
+    if path.is_dir():
+        return store_checksums(path)
+    return {path.name: hashlib.sha256(path.read_bytes()).hexdigest()}
+
+
+def snakemake_command(workdir: Path, *args: str) -> list[str]:
+    return [
+        sys.executable, "-m", "snakemake",
+        "--snakefile", str(REPO / "Snakefile"),
+        "--directory", str(workdir),
+        "--cores", "2",
+        *args,
+    ]  # fmt: skip
+
+
+def snakemake(workdir: Path, *args: str, timeout: float = 1800) -> subprocess.CompletedProcess:
+    """Run the workflow in `workdir`; raises with the output's tail when it fails."""
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+    result = subprocess.run(
+        snakemake_command(workdir, *args),
+        cwd=workdir,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+    if result.returncode != 0:
+        tail = (result.stdout + result.stderr)[-4000:]
+        raise RuntimeError(f"snakemake {' '.join(args)} exited {result.returncode}:\n{tail}")
+    return result
+
+
+def scheduled_outputs(dry_run_stdout: str, prefix: str) -> list[str]:
+    """Output paths starting with `prefix` that a `snakemake -n` listing schedules."""
+    outputs = []
+    for line in dry_run_stdout.splitlines():
+        line = line.strip()
+        if line.startswith("output: "):
+            outputs += [p for p in line[len("output: ") :].split(", ") if p.startswith(prefix)]
+    return sorted(outputs)
+
+
+def planned_shards(workdir: Path) -> list[str]:
+    return [
+        s["shard"] for s in json.loads((workdir / "results/plan/plan.json").read_text())["shards"]
+    ]
+
+
+def _job_seconds(workdir: Path, rule: str, shards: list[str]) -> float:
+    """Wall time the reference run's benchmark files recorded for these jobs."""
+    names = [f"{rule}/shard-{s}.tsv" for s in shards] if shards else [f"{rule}.tsv"]
+    total = 0.0
+    for name in names:
+        with open(workdir / "results/benchmarks" / name) as rows:
+            total += float(next(csv.DictReader(rows, delimiter="\t"))["s"])
+    return total
+
+
+def _remove(path: Path) -> None:
+    if path.is_dir():
+        shutil.rmtree(path)
+    elif path.exists():
+        path.unlink()
+
+
+@dataclass
+class CrashTrial:
+    stage: str
+    shards: list[str]  # shards whose outputs were removed (empty for training)
+    kill_after_s: float  # after the stage's first job started
+    complete_after_kill: list[str] = field(default_factory=list)  # outputs under final names
+    partial_after_kill: list[str] = field(default_factory=list)  # final names, wrong content
+    rescheduled: list[str] = field(default_factory=list)  # what `-n` then schedules
+    resumed_from_step: int | None = None  # training: checkpoint step the rerun resumed from
+    checkpoint_at_kill: int | None = None  # training: newest checkpoint left by the killed run
+    verify_problems: dict[str, list[str]] = field(default_factory=dict)
+    differing: list[str] = field(default_factory=list)  # outputs unlike the reference's
+
+    @property
+    def passed(self) -> bool:
+        # The rerun redoes what was missing and nothing outside the removed outputs (a job
+        # killed after writing its output but before Snakemake recorded it is redone too).
+        missing = set(self.outputs) - set(self.complete_after_kill)
+        scheduled = set(self.rescheduled) & set(self.outputs)
+        resumed_ok = self.stage != "training" or self.resumed_from_step == (
+            self.checkpoint_at_kill or 0
+        )
+        return (
+            not self.partial_after_kill
+            and missing <= scheduled
+            and (not STAGES[self.stage].per_shard or set(self.rescheduled) <= set(self.outputs))
+            and resumed_ok
+            and not self.verify_problems
+            and not self.differing
+        )
+
+    @property
+    def outputs(self) -> list[str]:
+        stage = STAGES[self.stage]
+        if not stage.per_shard:
+            return [stage.output]
+        return sorted(stage.output.format(shard=s) for s in self.shards)
+
+    def summary(self) -> str:
+        resumed = ""
+        if self.stage == "training":
+            resumed = (
+                f", resumed at step {self.resumed_from_step} (checkpoint {self.checkpoint_at_kill})"
+            )
+        return (
+            f"{self.stage} {','.join(self.shards)}: killed {self.kill_after_s:.1f} s into the "
+            f"stage; {len(self.complete_after_kill)}/{len(self.outputs)} outputs complete, "
+            f"{len(self.partial_after_kill)} partial under a final name, "
+            f"{len(self.rescheduled)} rescheduled{resumed}; verify problems "
+            f"{len(self.verify_problems)}, differing outputs {len(self.differing)}"
+            + (" -> passed" if self.passed else " -> FAILED")
+        )
+
+
+def kill_when_running(workdir: Path, started: list[Path], delay_s: float, *args: str) -> None:
+    """Run the workflow one job at a time; SIGKILL it and everything it started (engines,
+    loader workers) `delay_s` after the first of `started` (job logs) appears."""
+    run = subprocess.Popen(
+        snakemake_command(workdir, "--jobs", "1", *args),
+        cwd=workdir,
+        start_new_session=True,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        env={**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"},
+    )
+    deadline = time.monotonic() + 900
+    while not any(p.exists() for p in started):
+        if run.poll() is not None or time.monotonic() > deadline:
+            raise RuntimeError(f"the workflow ended before any of {started[0]}... started")
+        time.sleep(0.2)
+    time.sleep(delay_s)
+    os.killpg(run.pid, signal.SIGKILL)
+    run.wait()
+    snakemake(workdir, "--unlock")  # a killed Snakemake leaves its lock; the user's next step
+
+
+def _newest_checkpoint(workdir: Path) -> int | None:
+    steps = [
+        int(p.stem.split("-")[1])
+        for p in (workdir / "results/checkpoints/drafter").glob("step-*.pt")
+    ]
+    return max(steps) if steps else None
+
+
+def crash_trial(
+    reference: Path,
+    workdir: Path,
+    stage_name: str,
+    rng: random.Random,
+    *,
+    shards_per_trial: int = 2,
+) -> CrashTrial:
+    """Copy `reference` (a finished run) to `workdir`, remove one stage's outputs (a few random
+    shards for per-shard stages), run the stage and SIGKILL it at a random moment, then rerun
+    it plainly and compare with the reference."""
+    stage = STAGES[stage_name]
+    shutil.copytree(reference, workdir, symlinks=True)
+    shards = (
+        sorted(rng.sample(planned_shards(workdir), shards_per_trial)) if stage.per_shard else []
+    )
+    outputs = [stage.output.format(shard=s) for s in shards] if shards else [stage.output]
+    logs = (
+        [workdir / f"results/logs/{stage.rule}/shard-{s}.log" for s in shards]
+        if shards
+        else [workdir / f"results/logs/{stage.rule}.log"]
+    )
+    for path in [*outputs, *stage.state, *(str(p) for p in logs)]:
+        _remove(workdir / path)
+    # A moment anywhere in the jobs' run, loading the engine included.
+    trial = CrashTrial(
+        stage_name, shards, rng.uniform(0.0, 0.95) * _job_seconds(reference, stage.rule, shards)
+    )
+    kill_when_running(workdir, logs, trial.kill_after_s, *outputs)
+
+    for output in outputs:
+        if (workdir / output).exists():
+            same = checksums(workdir / output) == checksums(reference / output)
+            (trial.complete_after_kill if same else trial.partial_after_kill).append(output)
+    trial.complete_after_kill.sort()
+    if stage_name == "training":
+        trial.checkpoint_at_kill = _newest_checkpoint(workdir)
+    dry = snakemake(workdir, "-n", *outputs).stdout
+    trial.rescheduled = scheduled_outputs(dry, "results/" + stage.output.split("/")[1])
+    snakemake(workdir, *outputs)
+    if stage_name == "training":
+        log = (workdir / "results/logs/train.log").read_text()
+        marker = " at step "
+        trial.resumed_from_step = (
+            int(log.split("resuming from checkpoint")[1].split(marker)[1].split()[0])
+            if "resuming from checkpoint" in log
+            else 0
+        )
+    trial.verify_problems = verify_results(workdir / "results")
+    trial.differing = [o for o in outputs if checksums(workdir / o) != checksums(reference / o)]
+    return trial
+
+
+@dataclass
+class CorruptionTrial:
+    injected: dict[str, str]  # shard -> corruption kind
+    detected: list[str] = field(default_factory=list)  # shards verify named
+    command: str = ""  # the repair command verify printed
+    rescheduled_shards: list[str] = field(default_factory=list)  # hidden outputs of its dry run
+    differing: list[str] = field(default_factory=list)  # shards unlike the reference after repair
+    verify_after: dict[str, list[str]] = field(default_factory=dict)
+
+    @property
+    def passed(self) -> bool:
+        hit = sorted(self.injected)
+        return (
+            self.detected == hit
+            and self.rescheduled_shards == hit
+            and not self.differing
+            and not self.verify_after
+        )
+
+    def summary(self) -> str:
+        kinds = ", ".join(f"{s}:{k}" for s, k in sorted(self.injected.items()))
+        return (
+            f"injected {kinds}; verify named {len(self.detected)}/{len(self.injected)}; repair "
+            f"reran {len(self.rescheduled_shards)} shard(s); {len(self.differing)} differ after "
+            f"repair; verify after: {len(self.verify_after)} problems"
+            + (" -> passed" if self.passed else " -> FAILED")
+        )
+
+
+def _chunk_files(store: Path) -> list[Path]:
+    return sorted(p for p in store.rglob("*") if p.is_file() and p.name != "zarr.json")
+
+
+def corrupt_shard(store: Path, kind: str, rng: random.Random) -> str:
+    """Damage one shard store in the way `kind` names; returns what was done."""
+    if kind == "delete_shard":
+        shutil.rmtree(store)
+        return f"deleted {store.name}"
+    chunk = rng.choice(_chunk_files(store))
+    data = bytearray(chunk.read_bytes())
+    if kind == "bit_flip":
+        bit = rng.randrange(len(data) * 8)
+        data[bit // 8] ^= 1 << (bit % 8)
+        chunk.write_bytes(bytes(data))
+        return f"flipped bit {bit} of {chunk.relative_to(store)}"
+    if kind == "truncate":
+        keep = rng.randrange(len(data))
+        chunk.write_bytes(bytes(data[:keep]))
+        return f"truncated {chunk.relative_to(store)} from {len(data)} to {keep} bytes"
+    if kind == "delete_chunk":
+        chunk.unlink()
+        return f"deleted chunk {chunk.relative_to(store)}"
+    raise ValueError(f"unknown corruption {kind!r}; known: {', '.join(CORRUPTIONS)}")
+
+
+def detection_trial(
+    store: Path, scratch: Path, kind: str, rng: random.Random
+) -> tuple[str, list[str]]:
+    """Damage a copy of one shard store; returns what was done and what `verify_shard` found.
+    Cheap (no regeneration), so many corruptions can be tried."""
+    copy = scratch / store.name
+    shutil.copytree(store, copy)
+    try:
+        done = corrupt_shard(copy, kind, rng)
+        return done, verify_shard(copy)
+    finally:
+        shutil.rmtree(copy, ignore_errors=True)
+
+
+def corruption_trial(
+    reference: Path, workdir: Path, rng: random.Random, kinds: Sequence[str] = CORRUPTIONS
+) -> CorruptionTrial:
+    """Copy `reference`, damage one random shard per kind, run `verify`, dry-run and run the
+    repair command it prints (up to the shards), and compare with the reference."""
+    shutil.copytree(reference, workdir, symlinks=True)
+    victims = rng.sample(planned_shards(workdir), len(kinds))
+    trial = CorruptionTrial(injected=dict(zip(victims, kinds, strict=True)))
+    for shard, kind in trial.injected.items():
+        corrupt_shard(workdir / f"results/hidden/shard-{shard}.zarr", kind, rng)
+    check = subprocess.run(
+        [sys.executable, "-m", "eagleflow.verify", "--results", "results"],
+        cwd=workdir,
+        capture_output=True,
+        text=True,
+    )
+    trial.detected = sorted(verify_results(workdir / "results"))
+    trial.command = check.stdout.strip().splitlines()[-1] if check.returncode == 1 else ""
+    if trial.command:
+        args = shlex.split(trial.command)[1:]
+        dry = snakemake(workdir, *args, "-n").stdout
+        trial.rescheduled_shards = [
+            p.split("shard-")[1].removesuffix(".zarr")
+            for p in scheduled_outputs(dry, "results/hidden/")
+        ]
+        # Up to the shards: what depends on them (training, evaluation) is rescheduled by the
+        # same command but is the crash trials' subject.
+        snakemake(workdir, *args, "hidden")
+    trial.verify_after = verify_results(workdir / "results")
+    for shard in victims:
+        path = f"results/hidden/shard-{shard}.zarr"
+        if not (workdir / path).exists() or checksums(workdir / path) != checksums(
+            reference / path
+        ):
+            trial.differing.append(shard)
+    return trial
