@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import glob
+import json
 import tempfile
 from pathlib import Path
 
@@ -35,6 +36,7 @@ def main() -> None:
     parser.add_argument("--prompts", type=int, default=100)
     parser.add_argument("--max-tokens", type=int, default=256)
     parser.add_argument("--heldout-fraction", type=float, default=0.05)
+    parser.add_argument("--json", type=Path, help="also write the figures here")
     args = parser.parse_args()
 
     from eagleflow.evaluate import offline_acceptance, serving_acceptance
@@ -72,6 +74,21 @@ def main() -> None:
         f"{speed['with_drafter']:.0f}; identical greedy outputs "
         f"{served['trained']['identical_outputs']}/{served['trained']['prompts']}"
     )
+    if args.json:
+        figures = {
+            "k": args.k,
+            "offline_mean_acceptance_length": offline["mean_acceptance_length"],
+            "offline_mean_acceptance_length_upper": offline["mean_acceptance_length_upper"],
+            "served_trained_mean_acceptance_length": served["trained"]["mean_acceptance_length"],
+            "served_untrained_mean_acceptance_length": served["untrained"][
+                "mean_acceptance_length"
+            ],
+            "tokens_per_s_without_drafter": speed["without_drafter"],
+            "tokens_per_s_with_drafter": speed["with_drafter"],
+            "identical_outputs": served["trained"]["identical_outputs"],
+            "prompts": served["trained"]["prompts"],
+        }
+        args.json.write_text(json.dumps(figures, indent=2) + "\n")
 
 
 if __name__ == "__main__":

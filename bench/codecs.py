@@ -18,6 +18,7 @@ falls back to synthetic heavy-tailed bf16 data, and says so.
 from __future__ import annotations
 
 import argparse
+import json
 import shutil
 import tempfile
 import time
@@ -226,6 +227,7 @@ def main() -> None:
     parser.add_argument("--chunk-mib", type=float, default=2.0)
     parser.add_argument("--repeats", type=int, default=2, help="speeds are the best of these")
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--json", type=Path, help="also write the figures here")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
 
@@ -251,6 +253,15 @@ def main() -> None:
 
     print("| codec | ratio | ratio, repeated rows removed | write MB/s | read MB/s |")
     print("|---|---:|---:|---:|---:|")
+    figures = {
+        "source": data["source"],
+        "synthetic": data["source"].startswith("SYNTHETIC"),
+        "samples": len(samples),
+        "tokens": tokens,
+        "distinct_rows": unique_tokens,
+        "default_codec": DEFAULT_CODEC,
+        "codecs": {},
+    }
     with tempfile.TemporaryDirectory(prefix="bench-codecs-") as tmp:
         for codec in args.codecs:
             full = best_of(args.repeats, data, samples, codec, chunk_bytes, Path(tmp))
@@ -263,6 +274,14 @@ def main() -> None:
                 f"| {full['raw'] / full['read_s'] / 1e6:.0f} |",
                 flush=True,
             )
+            figures["codecs"][codec] = {
+                "ratio": full["raw"] / full["stored"],
+                "ratio_repeated_rows_removed": dedup["raw"] / dedup["stored"],
+                "write_mb_s": full["raw"] / full["write_s"] / 1e6,
+                "read_mb_s": full["raw"] / full["read_s"] / 1e6,
+            }
+    if args.json:
+        args.json.write_text(json.dumps(figures, indent=2) + "\n")
 
 
 if __name__ == "__main__":

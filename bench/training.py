@@ -69,6 +69,7 @@ def main() -> None:
     parser.add_argument("--batch-tokens", type=int, default=8192)
     parser.add_argument("--workers", type=int, default=1)
     parser.add_argument("--train-steps", type=int, default=30)
+    parser.add_argument("--json", type=Path, help="also write the figures here")
     args = parser.parse_args()
     results = Path(args.results)
     shards = sorted(str(p) for p in (results / "hidden").glob("shard-*.zarr"))
@@ -122,6 +123,22 @@ def main() -> None:
         f"(c) training: {args.train_steps / seconds:.2f} steps/s including start-up and export;"
         f" {rates[-1]:,.0f} tokens/s in steady state (batch {args.batch_tokens} tokens)"
     )
+    if args.json:
+        figures = {
+            "shards": len(shards),
+            "samples": len(refs),
+            "loader_steps": args.steps,
+            "batch_tokens": args.batch_tokens,
+            "workers": args.workers,
+            "zarr_loader_tok_s": zarr_tokens / zarr_s,
+            "per_sample_loader_tok_s": naive_tokens / naive_s,
+            "loader_ratio": naive_s / zarr_s,
+            "train_steps": args.train_steps,
+            "train_seconds": seconds,
+            "train_steps_per_s": args.train_steps / seconds,
+            "train_steady_tok_s": rates[-1],
+        }
+        args.json.write_text(json.dumps(figures, indent=2) + "\n")
 
 
 if __name__ == "__main__":

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import shutil
 import time
@@ -78,9 +79,18 @@ def shard_token_counts(results: Path, shards: list[dict]) -> tuple[dict[str, int
 
 
 def extraction_status(
-    results: str | Path, *, num_aux: int, hidden_size: int, window: int = 8
+    results: str | Path,
+    *,
+    num_aux: int,
+    hidden_size: int,
+    window: int = 8,
+    first_done: int | None = None,
 ) -> ExtractionStatus:
-    """Progress of the extract stage under `results/` (plan, tokens and hidden shards)."""
+    """Progress of the extract stage under `results/` (plan, tokens and hidden shards).
+
+    `first_done` counts only that many extracted shards, those that finished first: the status
+    as it stood then, to check an early projection against a finished run.
+    """
     results = Path(results)
     shards = json.loads((results / "plan" / "plan.json").read_text())["shards"]
     counts, exact = shard_token_counts(results, shards)
@@ -90,6 +100,8 @@ def extraction_status(
         store = results / "hidden" / f"shard-{shard['shard']}.zarr"
         if (store / "zarr.json").exists():
             done.append((store.stat().st_mtime, counts[shard["shard"]], _stored_bytes(store)))
+    if first_done is not None:
+        done = sorted(done)[:first_done]
     tokens_total = sum(counts.values())
     tokens_done = sum(tokens for _, tokens, _ in done)
     stored = sum(size for _, _, size in done)
@@ -118,6 +130,40 @@ def extraction_status(
         tokens_per_s=round(rate, 1) if rate else None,
         eta_s=round(eta) if eta is not None else None,
         free_bytes=free_bytes(results),
+    )
+
+
+@dataclass
+class ProjectionCheck:
+    shards_total: int
+    shards_measured: int  # the shards the projection was made from
+    projected_bytes: int
+    actual_bytes: int
+    relative_error: float  # projected / actual - 1
+
+
+def projection_check(
+    results: str | Path, *, num_aux: int, hidden_size: int, fraction: float = 0.1
+) -> ProjectionCheck:
+    """On a finished run: the final size projected when only the first `fraction` of the shards
+    (at least one, those that finished first) were extracted, against the size on disk."""
+    final = extraction_status(results, num_aux=num_aux, hidden_size=hidden_size)
+    if final.shards_done < final.shards_total or not final.tokens_total_exact:
+        raise InputError(
+            f"{results}: {final.shards_done}/{final.shards_total} shards extracted; the "
+            "projection can be checked once the run has finished"
+        )
+    # Rounded first: 0.1 * 30 is 3.0000000000000004 in floats, which would ceil to 4.
+    measured = max(1, math.ceil(round(fraction * final.shards_total, 6)))
+    early = extraction_status(
+        results, num_aux=num_aux, hidden_size=hidden_size, first_done=measured
+    )
+    return ProjectionCheck(
+        shards_total=final.shards_total,
+        shards_measured=measured,
+        projected_bytes=early.projected_bytes,
+        actual_bytes=final.stored_bytes,
+        relative_error=round(early.projected_bytes / final.stored_bytes - 1, 5),
     )
 
 

@@ -96,13 +96,6 @@ def _shard_identity(path: str) -> str:
     )
 
 
-def _shift(x: torch.Tensor, by: int) -> torch.Tensor:
-    """x[:, t + by] at position t (dim 1), zeros/False past the end."""
-    out = torch.zeros_like(x)
-    out[:, : max(0, x.shape[1] - by)] = x[:, by:]
-    return out
-
-
 def ttt_terms(
     draft_outputs: list[torch.Tensor],
     to_logits: Callable[[torch.Tensor], torch.Tensor],
@@ -118,15 +111,22 @@ def ttt_terms(
     slots only.
     """
     kl_sums, counts, correct = [], [], []
+    length = loss_mask.shape[1]
+    teacher_best = teacher_logp.argmax(-1)  # once, not per step
     for step, outputs in enumerate(draft_outputs):
-        valid = _shift(loss_mask, 1 + step) & _shift(loss_mask, 2 + step)
-        valid &= _shift(argmax_in_draft, 1 + step)
-        teacher = _shift(teacher_logp, 1 + step)[valid]
-        draft_logp = torch.log_softmax(to_logits(outputs[valid]).float(), -1)
+        shift = min(1 + step, length)  # samples shorter than the chain: nothing counts
+        # Slots t < T - shift, aligned with position t + shift: slices instead of shifted
+        # copies of the [B, T, Dv] teacher.
+        valid = loss_mask[:, shift:] & argmax_in_draft[:, shift:]
+        next_is_assistant = torch.zeros_like(valid)
+        next_is_assistant[:, :-1] = loss_mask[:, shift + 1 :]
+        valid &= next_is_assistant
+        teacher = teacher_logp[:, shift:][valid]
+        draft_logp = torch.log_softmax(to_logits(outputs[:, : length - shift][valid]).float(), -1)
         kl = (teacher.exp() * (teacher - draft_logp)).sum(-1)
         kl_sums.append(kl.sum())
         counts.append(valid.sum())
-        correct.append((draft_logp.argmax(-1) == teacher.argmax(-1)).sum())
+        correct.append((draft_logp.argmax(-1) == teacher_best[:, shift:][valid]).sum())
     return kl_sums, counts, correct
 
 
