@@ -173,6 +173,13 @@ def _extraction_engine(
     prefix = f"{SCRATCH_PREFIX}{os.getpid()}-"
     with tempfile.TemporaryDirectory(prefix=prefix, dir=root) as scratch:
         settings = {**extraction_engine_settings(layer_ids, scratch), **engine_kwargs}
+        if not torch.cuda.is_available():  # connector, engine and this loop: one process
+            extra = settings["kv_transfer_config"]["kv_connector_extra_config"]
+            settings["kv_transfer_config"]["kv_connector_extra_config"] = {
+                **extra,
+                "in_memory": True,
+                "use_synchronization_lock": False,
+            }
         llm = build_llm(model_dir, seed=seed, max_model_len=max_model_len, **settings)
         try:
             yield llm
@@ -214,18 +221,23 @@ def _finished_in_order(
             queued += len(batch)
         # The engine core runs in this process (eagleflow.engine): a request is reported
         # finished one step before the connector writes its file, so step until it is written.
-        if done not in finished or not _written(finished[done]):
+        if done not in finished or not _ready(finished[done]):
             for out in llm.llm_engine.step():
                 if out.finished:
                     finished[requests.pop(out.request_id)] = _hidden_states_path(out)
-        while done in finished and _written(finished[done]):
+        while done in finished and _ready(finished[done]):
             yield done, finished.pop(done)
             pending -= len(samples[done]["input_ids"])
             done += 1
 
 
-def _written(path: str) -> bool:
-    """Whether the connector has finished writing `path` (it holds the lock file until then)."""
+def _ready(path: str) -> bool:
+    """Whether the connector has handed over the states for `path`: in memory, or as a file
+    it has finished writing (it holds the lock file until then)."""
+    from eagleflow.connector import CAPTURED
+
+    if path in CAPTURED:
+        return True
     try:
         lock = os.open(path + ".lock", os.O_RDONLY)
     except FileNotFoundError:
@@ -302,8 +314,12 @@ def _append_states_file(
         load_hidden_states,
     )
 
-    states = load_hidden_states(path)  # waits until the file is complete
-    cleanup_hidden_states(path)
+    from eagleflow.connector import CAPTURED
+
+    states = CAPTURED.pop(path, None)
+    if states is None:
+        states = load_hidden_states(path)  # waits until the file is complete
+        cleanup_hidden_states(path)
     _check_tokens(sample, states["token_ids"])
     hidden = states["hidden_states"]
     if hidden.dtype != torch.bfloat16 or hidden.shape[1:] != (len(ids), hidden_size):

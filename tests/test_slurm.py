@@ -25,6 +25,9 @@ def _slurm_unavailable() -> str | None:
         return "SLURM not available: `sinfo` timed out"
     if probe.returncode != 0:
         return f"SLURM not available: `sinfo` failed: {probe.stderr.strip()[:200]}"
+    states = subprocess.run(["sinfo", "-h", "-o", "%T"], capture_output=True, text=True).stdout
+    if not {"idle", "mixed", "allocated"} & set(states.split()):
+        return f"SLURM has no node that can run jobs (node states: {' '.join(states.split())})"
     return None
 
 
