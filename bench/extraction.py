@@ -1,7 +1,8 @@
 """Hidden-state extraction side by side on the same samples, in one run.
 
 Measures, each job in a subprocess of its own:
-  (a) bare vLLM prefill: the extraction engine's settings without the extraction, max_tokens=1;
+  (a) bare vLLM prefill: the extraction engine's settings (in-process engine core, compiled)
+      without the extraction, max_tokens=1;
   (b) our vLLM extraction into a compressed zarr shard (`extract_shard`), at 1x and 4x the
       shard size (the 4x shard repeats the samples under new ids);
   (c) a naive HF loop: one sample at a time, `output_hidden_states=True`, `torch.save` per sample;
@@ -85,10 +86,13 @@ def job_prefill(args: argparse.Namespace) -> dict:
 
     runs = {path: read_jsonl(path) for path in args.tokens.split(",")}
     longest = max(len(s["input_ids"]) for samples in runs.values() for s in samples)
+    # As the extraction engine runs (in-process core, compiled), only without the capture.
     llm = build_llm(
         args.model,
         max_model_len=longest + 1,
+        in_process_core=True,
         dtype="bfloat16",
+        enforce_eager=False,
         enable_chunked_prefill=False,
         enable_prefix_caching=False,
     )

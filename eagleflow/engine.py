@@ -10,6 +10,7 @@ if TYPE_CHECKING:
 # On CPU, gpu_memory_utilization is the fraction of RAM reserved for the KV cache.
 CPU_MEMORY_FRACTION = 0.1
 GPU_MEMORY_FRACTION = 0.9
+IN_PROCESS_VARIABLE = "VLLM_ENABLE_V1_MULTIPROCESSING"
 BLAS_THREAD_VARIABLES = (
     "OMP_NUM_THREADS",
     "GOTO_NUM_THREADS",
@@ -28,20 +29,26 @@ def memory_fraction() -> float:
 
 
 def build_llm(
-    model_dir: str | Path, *, seed: int = 0, max_model_len: int = 1024, **engine_kwargs: Any
+    model_dir: str | Path,
+    *,
+    seed: int = 0,
+    max_model_len: int = 1024,
+    in_process_core: bool = False,
+    **engine_kwargs: Any,
 ) -> "vllm.LLM":
     """A `vllm.LLM` for `model_dir`, with settings that suit the platform (CPU or GPU).
 
     `engine_kwargs` go to `vllm.LLM` and override the defaults set here. vLLM spawns worker
     processes, so a script that calls this needs an `if __name__ == "__main__":` guard.
+
+    `in_process_core` runs vLLM's engine core in this process: requests added together are then
+    scheduled together (a core in its own process starts on the first requests while the rest
+    still arrive, so batches, and with them the kernels' rounding, vary from run to run). The
+    extraction needs that for bit-identical shards; generation keeps the separate core, which
+    decodes several times faster here and whose greedy token ids do not depend on batching.
     """
     # Tokenizer and config look-ups must never try to reach a model hub.
     os.environ["HF_HUB_OFFLINE"] = "1"
-    # The engine core in this process: requests added together are scheduled together. A
-    # core in its own process starts on the first requests while the rest are still arriving,
-    # so batches (and with them the kernels' rounding) varied from run to run, and a
-    # regenerated shard was not always bit-identical to the original.
-    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     import vllm
     from vllm.platforms import current_platform
 
@@ -61,4 +68,13 @@ def build_llm(
         "enforce_eager": current_platform.is_cpu(),
     }
     settings.update(engine_kwargs)
-    return vllm.LLM(**settings)
+    previous = os.environ.get(IN_PROCESS_VARIABLE)
+    if in_process_core:
+        os.environ[IN_PROCESS_VARIABLE] = "0"
+    try:  # read while the engine is built, not afterwards
+        return vllm.LLM(**settings)
+    finally:
+        if previous is None:
+            os.environ.pop(IN_PROCESS_VARIABLE, None)
+        else:
+            os.environ[IN_PROCESS_VARIABLE] = previous

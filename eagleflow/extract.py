@@ -180,7 +180,9 @@ def _extraction_engine(
                 "in_memory": True,
                 "use_synchronization_lock": False,
             }
-        llm = build_llm(model_dir, seed=seed, max_model_len=max_model_len, **settings)
+        llm = build_llm(
+            model_dir, seed=seed, max_model_len=max_model_len, in_process_core=True, **settings
+        )
         try:
             yield llm
         finally:
@@ -219,7 +221,7 @@ def _finished_in_order(
             internal = llm.enqueue(prompts, params, use_tqdm=False)
             requests.update(zip((r.rsplit("-", 1)[0] for r in internal), batch, strict=True))
             queued += len(batch)
-        # The engine core runs in this process (eagleflow.engine): a request is reported
+        # The engine core runs in this process (in_process_core): a request is reported
         # finished one step before the connector writes its file, so step until it is written.
         if done not in finished or not _ready(finished[done]):
             for out in llm.llm_engine.step():

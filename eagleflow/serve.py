@@ -86,7 +86,7 @@ def write_server_info(storage_dir: str | Path, model_dir: str | Path, layer_ids:
 def _server_env() -> dict[str, str]:
     """The server's environment: offline, and without the BLAS thread counts a Snakemake job
     exports (as in build_llm: they would oversubscribe the engine worker's cores), and with
-    vLLM's own engine-core process (build_llm keeps the core in-process for its engines)."""
+    vLLM's own engine-core process."""
     dropped = {*BLAS_THREAD_VARIABLES, "VLLM_ENABLE_V1_MULTIPROCESSING"}
     env = {k: v for k, v in os.environ.items() if k not in dropped}
     return {**env, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
