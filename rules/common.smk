@@ -86,7 +86,9 @@ TRAIN_LAYOUT_KEYS = ("nproc", "num_workers")
 
 def train_settings(wildcards=None):
     """The training keys that decide the drafter (all but the layout keys), in a fixed order."""
-    return {k: v for k, v in sorted(config["train"].items()) if k not in TRAIN_LAYOUT_KEYS}
+    return {
+        k: v for k, v in sorted(config["train"].items()) if k not in TRAIN_LAYOUT_KEYS
+    }
 
 
 def config_section(name):
