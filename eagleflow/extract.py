@@ -280,8 +280,8 @@ def extract_vllm(
     The captured ids are the writer's `aux_layer_ids` and `last_layer_id` (which must be N).
     `max_model_len` defaults to the longest sample + 1 (vLLM wants room for the one output
     token). At most `max_pending_bytes` of hidden states are in flight or waiting (in memory on
-    CPU, in scratch files on GPU) at any time. `engine_kwargs` go to `build_llm`. Raises RuntimeError when the engine
-    returns token ids other than the sample's.
+    CPU, in scratch files on GPU) at any time. `engine_kwargs` go to `build_llm`. Raises
+    RuntimeError when the engine returns token ids other than the sample's.
     """
     num_layers, hidden_size = _num_layers(model_dir)
     ids = _captured_ids(writer, num_layers)
