@@ -7,13 +7,15 @@ import os
 import shutil
 import socket
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import yaml
 
-from eagleflow.faults import scheduled_outputs  # noqa: F401  (re-exported for the tests)
+from eagleflow.faults import (  # scheduled_outputs: re-exported for the tests
+    scheduled_outputs,  # noqa: F401
+    snakemake_command,
+)
 
 REPO = Path(__file__).resolve().parents[1]
 TEST_CONFIG = REPO / "tests" / "config.test.yaml"
@@ -60,13 +62,7 @@ def run_snakemake(
     Output is captured; on an unexpected exit status the tail of it is shown in the failure.
     """
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
-    cmd = [
-        sys.executable, "-m", "snakemake",
-        "--snakefile", str(REPO / "Snakefile"),
-        "--directory", str(workdir),
-        "--cores", "2",
-        *args,
-    ]  # fmt: skip
+    cmd = snakemake_command(workdir, *args)
     result = subprocess.run(
         cmd, cwd=workdir, env=env, capture_output=True, text=True, timeout=timeout
     )
