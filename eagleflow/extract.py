@@ -495,9 +495,11 @@ def extract_hf(
     """
     from transformers import AutoModelForCausalLM
 
-    # Only the base model runs (the lm_head is loaded, but never computed).
+    # Only the base model runs (the lm_head is loaded, but never computed); on the GPU when
+    # there is one, so the same code serves both.
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.bfloat16).base_model
-    model.eval()
+    model.to(device).eval()
     layers = getattr(model, "layers", None)
     if not isinstance(layers, torch.nn.ModuleList):
         raise InputError(f"{model_dir}: cannot find the decoder layers of {type(model).__name__}")
@@ -520,9 +522,13 @@ def extract_hf(
                 results: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
                 for batch in _length_batches(samples, window, batch_tokens):
                     input_ids, attention = _padded(samples, batch)
-                    model(input_ids=input_ids, attention_mask=attention, use_cache=False)
-                    aux = torch.stack([captured[i] for i in writer.aux_layer_ids], dim=2)
-                    last = captured[writer.last_layer_id]
+                    model(
+                        input_ids=input_ids.to(device),
+                        attention_mask=attention.to(device),
+                        use_cache=False,
+                    )
+                    aux = torch.stack([captured[i] for i in writer.aux_layer_ids], dim=2).cpu()
+                    last = captured[writer.last_layer_id].cpu()
                     captured.clear()
                     for row, i in enumerate(batch):
                         n = len(samples[i]["input_ids"])
