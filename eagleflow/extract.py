@@ -66,7 +66,7 @@ def _captured_ids(writer: ShardWriter, num_layers: int) -> list[int]:
     return ids
 
 
-def _num_layers(model_dir: str | Path) -> tuple[int, int]:
+def target_dims(model_dir: str | Path) -> tuple[int, int]:
     """(decoder layers, hidden size) from the target's config."""
     from transformers import AutoConfig
 
@@ -156,7 +156,7 @@ def extraction_engine_settings(layer_ids: list[int], storage_dir: str) -> dict[s
 
 
 @contextlib.contextmanager
-def _extraction_engine(
+def extraction_engine(
     model_dir: str | Path,
     layer_ids: list[int],
     *,
@@ -189,48 +189,54 @@ def _extraction_engine(
             llm.llm_engine.engine_core.shutdown()
 
 
-def _finished_in_order(
-    llm: Any, samples: Sequence[dict], max_pending_tokens: int
-) -> Iterator[tuple[int, str]]:
-    """Run every sample through `llm` as a prefill (`max_tokens=1`) and yield (sample index,
-    hidden-states file) in sample order.
+def finished_in_order(
+    llm: Any,
+    prompts: Sequence[np.ndarray | list[int]],
+    params: Sequence[Any],
+    budgets: Sequence[int],
+    max_pending_tokens: int,
+) -> Iterator[tuple[int, Any, str]]:
+    """Run `prompts` through `llm` (request i with `params[i]`) and yield (index, finished
+    output, hidden-states path) in prompt order, once the connector has handed the states over.
 
-    Requests are added as earlier ones are consumed, so that at most `max_pending_tokens`
-    tokens are queued, running or waiting to be consumed (at least one sample at a time).
+    Requests are added as earlier ones are consumed, so that the `budgets` (the most tokens each
+    request can hold: its prompt, plus `max_tokens` when it generates) of the requests queued,
+    running or waiting to be consumed stay within `max_pending_tokens` (one request at least).
     """
-    from vllm import SamplingParams
     from vllm.inputs import TokensPrompt
 
-    params = SamplingParams(max_tokens=1, detokenize=False)
-    requests: dict[str, int] = {}  # request id → sample index, while in flight
-    finished: dict[int, str] = {}  # sample index → file, until yielded
+    requests: dict[str, int] = {}  # request id → prompt index, while in flight
+    finished: dict[int, tuple[Any, str]] = {}  # prompt index → (output, path), until yielded
     queued = done = pending = 0
-    while done < len(samples):
+    while done < len(prompts):
         batch = []
-        while queued + len(batch) < len(samples):
-            length = len(samples[queued + len(batch)]["input_ids"])
-            if pending and pending + length > max_pending_tokens:
+        while queued + len(batch) < len(prompts):
+            budget = budgets[queued + len(batch)]
+            if pending and pending + budget > max_pending_tokens:
                 break
             batch.append(queued + len(batch))
-            pending += length
+            pending += budget
         if batch:
-            prompts = [
-                TokensPrompt(prompt_token_ids=samples[i]["input_ids"].tolist()) for i in batch
-            ]
+            tokens = [TokensPrompt(prompt_token_ids=_as_list(prompts[i])) for i in batch]
             # enqueue returns the engine's internal ids ("<id>-<random>"); outputs carry "<id>".
-            internal = llm.enqueue(prompts, params, use_tqdm=False)
+            internal = llm.enqueue(tokens, [params[i] for i in batch], use_tqdm=False)
             requests.update(zip((r.rsplit("-", 1)[0] for r in internal), batch, strict=True))
             queued += len(batch)
-        # The engine core runs in this process (in_process_core): a request is reported
-        # finished one step before the connector writes its file, so step until it is written.
-        if done not in finished or not _ready(finished[done]):
+        # A request is reported finished one step before an in-process connector hands its
+        # states over, so step until they are there.
+        if done not in finished or not _ready(finished[done][1]):
             for out in llm.llm_engine.step():
                 if out.finished:
-                    finished[requests.pop(out.request_id)] = _hidden_states_path(out)
-        while done in finished and _ready(finished[done]):
-            yield done, finished.pop(done)
-            pending -= len(samples[done]["input_ids"])
+                    finished[requests.pop(out.request_id)] = (out, _hidden_states_path(out))
+        while done in finished and _ready(finished[done][1]):
+            out, path = finished.pop(done)
+            yield done, out, path
+            pending -= budgets[done]
             done += 1
+
+
+def _as_list(ids: np.ndarray | list[int]) -> list[int]:
+    return ids.tolist() if isinstance(ids, np.ndarray) else list(ids)
 
 
 def _ready(path: str) -> bool:
@@ -283,7 +289,7 @@ def extract_vllm(
     CPU, in scratch files on GPU) at any time. `engine_kwargs` go to `build_llm`. Raises
     RuntimeError when the engine returns token ids other than the sample's.
     """
-    num_layers, hidden_size = _num_layers(model_dir)
+    num_layers, hidden_size = target_dims(model_dir)
     ids = _captured_ids(writer, num_layers)
     longest = max(len(s["input_ids"]) for s in samples)
     if max_model_len is None:
@@ -295,22 +301,27 @@ def extract_vllm(
         )
     max_pending_tokens = max_pending_bytes // (len(ids) * hidden_size * 2)
 
-    with _extraction_engine(
+    with extraction_engine(
         model_dir, ids, seed=seed, max_model_len=max_model_len, engine_kwargs=engine_kwargs
     ) as llm:
+        from vllm import SamplingParams
+
+        prompts = [s["input_ids"] for s in samples]
+        params = [SamplingParams(max_tokens=1, detokenize=False)] * len(samples)
+        budgets = [len(p) for p in prompts]
         start = time.monotonic()
         with _progress(len(samples), "extract (vllm)") as advance:
-            for i, path in _finished_in_order(llm, samples, max_pending_tokens):
-                _append_states_file(writer, samples[i], path, ids, hidden_size)
+            for i, _, path in finished_in_order(llm, prompts, params, budgets, max_pending_tokens):
+                states = take_states(path)
+                check_tokens(samples[i], states["token_ids"])
+                append_states(writer, samples[i], states["hidden_states"], ids, hidden_size)
                 advance(1, len(samples[i]["input_ids"]))
         return time.monotonic() - start
 
 
-def _append_states_file(
-    writer: ShardWriter, sample: dict, path: str, ids: list[int], hidden_size: int
-) -> None:
-    """Check the connector's file for `sample` (captured layers `ids`), append its aux and last
-    layers to the shard and delete the file."""
+def take_states(path: str) -> dict[str, torch.Tensor]:
+    """The `hidden_states` [T, layers, H] and `token_ids` the connector handed over for `path`
+    (in memory, or as a file that is deleted once read)."""
     from vllm.distributed.kv_transfer.kv_connector.v1.example_hidden_states_connector import (
         cleanup_hidden_states,
         load_hidden_states,
@@ -322,24 +333,45 @@ def _append_states_file(
     if states is None:
         states = load_hidden_states(path)  # waits until the file is complete
         cleanup_hidden_states(path)
-    _check_tokens(sample, states["token_ids"])
-    hidden = states["hidden_states"]
-    if hidden.dtype != torch.bfloat16 or hidden.shape[1:] != (len(ids), hidden_size):
+    return states
+
+
+def append_states(
+    writer: ShardWriter,
+    sample: dict,
+    hidden: torch.Tensor,
+    ids: list[int],
+    hidden_size: int,
+    *,
+    last_token_unseen: bool = False,
+) -> None:
+    """Append `sample` with the engine's `hidden` states (captured layers `ids`, one row per
+    token of the sample) as its aux and last layers.
+
+    `last_token_unseen`: `hidden` lacks the sample's last token, which the target generated but
+    never ran on (one-pass capture); its rows are stored as zeros. Training and evaluation never
+    read the states of a sample's last token: nothing follows it to predict.
+    """
+    rows = len(sample["input_ids"]) - last_token_unseen
+    expected = (rows, len(ids), hidden_size)
+    if hidden.dtype != torch.bfloat16 or tuple(hidden.shape) != expected:
         raise RuntimeError(
             f"{sample['id']}: vLLM returned {hidden.dtype} hidden states of shape "
-            f"{tuple(hidden.shape)}, expected bfloat16 [T, {len(ids)}, {hidden_size}]"
+            f"{tuple(hidden.shape)}, expected bfloat16 {list(expected)}"
         )
     # vLLM returns the layers in ascending id order, whatever order they were given in.
     column = {layer_id: k for k, layer_id in enumerate(sorted(ids))}
     # Sliced as uint16 bit patterns in numpy: torch ops here would start OpenMP threads that
     # fight the engine's for the same cores (~10x slower).
     bits = bf16_to_uint16(hidden)
+    if last_token_unseen:
+        bits = np.concatenate([bits, np.zeros((1, *bits.shape[1:]), bits.dtype)])
     aux = bits[:, [column[i] for i in writer.aux_layer_ids]]
     last = bits[:, column[writer.last_layer_id]]
     writer.append(sample["id"], sample["input_ids"], sample["loss_mask"], aux, last)
 
 
-def _server_info(url: str, path: str, ids: list[int], model_dir: str | Path) -> None:
+def check_server_info(url: str, path: str, ids: list[int], model_dir: str | Path) -> None:
     """Fail unless the server that wrote `path` captures exactly `ids` of this target."""
     from eagleflow.serve import SERVER_INFO
 
@@ -377,7 +409,7 @@ def extract_server(
 
     from eagleflow.generate import post_json, server_model_name, with_retries
 
-    num_layers, hidden_size = _num_layers(model_dir)
+    num_layers, hidden_size = target_dims(model_dir)
     ids = _captured_ids(writer, num_layers)
     model = server_model_name(url, purpose="extraction")
     endpoint = f"{url.rstrip('/')}/v1/completions"
@@ -411,8 +443,10 @@ def extract_server(
             sample, request = pending.popleft()
             path = request.result()
             if writer.num_samples == 0:  # the first file: check whose server wrote it
-                _server_info(url, path, ids, model_dir)
-            _append_states_file(writer, sample, path, ids, hidden_size)
+                check_server_info(url, path, ids, model_dir)
+            states = take_states(path)
+            check_tokens(sample, states["token_ids"])
+            append_states(writer, sample, states["hidden_states"], ids, hidden_size)
             advance(1, len(sample["input_ids"]))
 
         for sample in samples:
@@ -424,7 +458,7 @@ def extract_server(
     return time.monotonic() - start
 
 
-def _check_tokens(sample: dict, token_ids: torch.Tensor) -> None:
+def check_tokens(sample: dict, token_ids: torch.Tensor) -> None:
     returned = token_ids.numpy()
     if not np.array_equal(returned, sample["input_ids"]):
         raise RuntimeError(
@@ -555,6 +589,69 @@ def backend_version(backend: str) -> str:
     return transformers.__version__
 
 
+def new_shard_writer(
+    model_dir: str | Path,
+    out_path: str | Path,
+    *,
+    backend: str,
+    layer_ids: Sequence[int] | None = None,
+    codec: str = DEFAULT_CODEC,
+    chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+    attrs: dict[str, Any] | None = None,
+) -> ShardWriter:
+    """A writer for a new shard of `model_dir`'s states at `out_path`: aux `layer_ids` (default
+    (2, N//2, N-3)) and id N as `last`, attributes naming the target, tokenizer and backend
+    plus `attrs`."""
+    num_layers, hidden_size = target_dims(model_dir)
+    aux_ids, last_id = default_layer_ids(num_layers)
+    aux_ids = list(aux_ids if layer_ids is None else layer_ids)
+    check_layer_ids([*aux_ids, last_id], num_layers)
+    shard_attrs = {
+        "target_fingerprint": target_fingerprint(model_dir),
+        "tokenizer_fingerprint": tokenizer_fingerprint(model_dir),
+        "backend": backend,
+        "backend_version": backend_version(backend),
+        **(attrs or {}),
+    }
+    return ShardWriter(
+        out_path,
+        aux_layer_ids=aux_ids,
+        last_layer_id=last_id,
+        hidden_size=hidden_size,
+        attrs=shard_attrs,
+        codec=codec,
+        chunk_bytes=chunk_bytes,
+    )
+
+
+def shard_summary(
+    out_path: str | Path, backend: str, seconds: float, total_seconds: float
+) -> dict[str, Any]:
+    """What a finished shard holds and what it took: samples, tokens, seconds of the work
+    itself and in all, tokens/s (over `seconds`), stored and raw bytes (of the whole store and of
+    the activations alone) and the raw/stored ratios."""
+    shard = open_shard(out_path)
+    activations = ("aux", "last")
+    summary = {
+        "path": str(out_path),
+        "backend": backend,
+        "samples": shard.num_samples,
+        "tokens": shard.num_tokens,
+        "seconds": round(seconds, 3),
+        "total_seconds": round(total_seconds, 3),
+        "tokens_per_s": round(shard.num_tokens / seconds, 1),
+        "stored_bytes": shard.nbytes_stored(),
+        "raw_bytes": shard.nbytes_raw(),
+        "activation_stored_bytes": shard.nbytes_stored(activations),
+        "activation_raw_bytes": shard.nbytes_raw(activations),
+    }
+    summary["ratio"] = round(summary["raw_bytes"] / summary["stored_bytes"], 4)
+    summary["activation_ratio"] = round(
+        summary["activation_raw_bytes"] / summary["activation_stored_bytes"], 4
+    )
+    return summary
+
+
 def extract_shard(
     tokens: str | Path | Sequence[dict],
     model_dir: str | Path,
@@ -586,26 +683,15 @@ def extract_shard(
     samples = load_samples(tokens)
     if not samples:
         raise InputError(f"{tokens}: no samples to extract")
-    num_layers, hidden_size = _num_layers(model_dir)
-    aux_ids, last_id = default_layer_ids(num_layers)
-    aux_ids = list(aux_ids if layer_ids is None else layer_ids)
-    check_layer_ids([*aux_ids, last_id], num_layers)
-    shard_attrs = {
-        "target_fingerprint": target_fingerprint(model_dir),
-        "tokenizer_fingerprint": tokenizer_fingerprint(model_dir),
-        "backend": backend,
-        "backend_version": backend_version(backend),
-        **(attrs or {}),
-    }
     start = time.monotonic()
-    with ShardWriter(
+    with new_shard_writer(
+        model_dir,
         out_path,
-        aux_layer_ids=aux_ids,
-        last_layer_id=last_id,
-        hidden_size=hidden_size,
-        attrs=shard_attrs,
+        backend=backend,
+        layer_ids=layer_ids,
         codec=codec,
         chunk_bytes=chunk_bytes,
+        attrs=attrs,
     ) as writer:
         if backend == "server":
             if not server_url:
@@ -626,24 +712,4 @@ def extract_shard(
             seconds = extract_hf(model_dir, samples, writer, batch_tokens=batch_tokens)
         closing = time.monotonic()
     seconds += time.monotonic() - closing  # the last chunks and the rename belong to the work
-    total = time.monotonic() - start
-    shard = open_shard(out_path)
-    activations = ("aux", "last")
-    summary = {
-        "path": str(out_path),
-        "backend": backend,
-        "samples": shard.num_samples,
-        "tokens": shard.num_tokens,
-        "seconds": round(seconds, 3),
-        "total_seconds": round(total, 3),
-        "tokens_per_s": round(shard.num_tokens / seconds, 1),
-        "stored_bytes": shard.nbytes_stored(),
-        "raw_bytes": shard.nbytes_raw(),
-        "activation_stored_bytes": shard.nbytes_stored(activations),
-        "activation_raw_bytes": shard.nbytes_raw(activations),
-    }
-    summary["ratio"] = round(summary["raw_bytes"] / summary["stored_bytes"], 4)
-    summary["activation_ratio"] = round(
-        summary["activation_raw_bytes"] / summary["activation_stored_bytes"], 4
-    )
-    return summary
+    return shard_summary(out_path, backend, seconds, time.monotonic() - start)

@@ -15,6 +15,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from tqdm import tqdm
 
@@ -37,6 +38,10 @@ class Completion:
     token_ids: list[int]
     finish_reason: str  # "stop" (end of turn) or "length" (hit max_new_tokens)
 
+    def kept(self, on_truncated: str) -> bool:
+        """Whether the answer is kept: truncated ones are dropped with `on_truncated: drop`."""
+        return not (self.finish_reason == "length" and on_truncated == "drop")
+
 
 def request_seed(seed: int, sample_id: str) -> int:
     """A per-request seed: a sample's answer does not depend on its shard or batch neighbours."""
@@ -56,29 +61,36 @@ def generate_vllm(
     max_model_len: int,
 ) -> list[Completion]:
     """Generate in-process with vLLM (its progress bar shows prompts/s, tokens/s and ETA)."""
-    from vllm import SamplingParams
     from vllm.inputs import TokensPrompt
 
     from eagleflow.engine import build_llm
 
     llm = build_llm(model_dir, seed=sampling.seed, max_model_len=max_model_len)
-    params = [
-        SamplingParams(
-            temperature=sampling.temperature,
-            top_p=sampling.top_p,
-            max_tokens=sampling.max_new_tokens,
-            seed=seed,
-            detokenize=False,
-        )
-        for seed in seeds
-    ]
+    params = [vllm_sampling_params(sampling, seed) for seed in seeds]
     outputs = llm.generate([TokensPrompt(prompt_token_ids=ids) for ids in prompt_ids], params)
-    completions = []
-    for out in outputs:
-        choice = out.outputs[0]
-        reason = "length" if choice.finish_reason == "length" else "stop"
-        completions.append(Completion(list(choice.token_ids), reason))
-    return completions
+    return [vllm_completion(out) for out in outputs]
+
+
+def vllm_sampling_params(sampling: Sampling, seed: int, **extra_args: Any) -> Any:
+    """vLLM `SamplingParams` of one request; `extra_args` reach the engine's plug-ins (the KV
+    connector reads `kv_transfer_params` there)."""
+    from vllm import SamplingParams
+
+    return SamplingParams(
+        temperature=sampling.temperature,
+        top_p=sampling.top_p,
+        max_tokens=sampling.max_new_tokens,
+        seed=seed,
+        detokenize=False,
+        extra_args=extra_args or None,
+    )
+
+
+def vllm_completion(output: Any) -> Completion:
+    """The completion of a finished vLLM `RequestOutput`."""
+    choice = output.outputs[0]
+    reason = "length" if choice.finish_reason == "length" else "stop"
+    return Completion(list(choice.token_ids), reason)
 
 
 def generate_hf(
@@ -270,7 +282,7 @@ def response_records(
     for request, completion in zip(requests, completions, strict=True):
         is_truncated = completion.finish_reason == "length"
         truncated += is_truncated
-        if is_truncated and on_truncated == "drop":
+        if not completion.kept(on_truncated):
             continue
         ids = completion.token_ids
         # The end-of-turn token belongs in the ids (the drafter must learn to predict it) but

@@ -29,15 +29,22 @@ def training_sample(record: dict, max_len: int) -> dict:
     }
 
 
+def kept_sample(record: dict, max_len: int) -> dict | None:
+    """`training_sample`, or None when it has no loss token (a prompt filling `max_len` teaches
+    nothing). The one rule for which samples a shard holds, whichever pass captures them."""
+    sample = training_sample(record, max_len)
+    return sample if sample["loss_tokens"] > 0 else None
+
+
 def prepare_shard(responses_path: str | Path, out_path: str | Path, *, max_len: int) -> dict:
     """Write one shard's training samples atomically; samples with no loss token are dropped
-    (a prompt filling `max_len` teaches nothing) and counted."""
-    samples = [training_sample(r, max_len) for r in read_jsonl(responses_path)]
-    kept = [s for s in samples if s["loss_tokens"] > 0]
+    and counted."""
+    records = read_jsonl(responses_path)
+    kept = [s for s in (kept_sample(r, max_len) for r in records) if s is not None]
     write_jsonl(out_path, kept)
     return {
         "samples": len(kept),
-        "dropped_without_loss_tokens": len(samples) - len(kept),
+        "dropped_without_loss_tokens": len(records) - len(kept),
         "cut_at_max_len": sum(s["cut_at_max_len"] for s in kept),
         "tokens": sum(s["num_tokens"] for s in kept),
         "loss_tokens": sum(s["loss_tokens"] for s in kept),

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import math
 import os
 import shutil
@@ -66,12 +67,18 @@ class ExtractionStatus:
 
 
 def shard_token_counts(results: Path, shards: list[dict]) -> tuple[dict[str, int], bool]:
-    """Tokens per shard: exact from prepared samples where they exist, else the plan's estimate."""
+    """Tokens per shard: exact from prepared samples or the finished shard (in one pass it comes
+    first) where they exist, else the plan's estimate."""
+    from eagleflow.shards import open_shard
+
     counts, exact = {}, True
     for shard in shards:
         tokens = results / "tokens" / f"shard-{shard['shard']}.jsonl"
+        store = results / "hidden" / f"shard-{shard['shard']}.zarr"
         if tokens.exists():
             counts[shard["shard"]] = sum(s["num_tokens"] for s in read_jsonl(tokens))
+        elif (store / "zarr.json").exists():
+            counts[shard["shard"]] = open_shard(store).num_tokens
         else:
             counts[shard["shard"]] = shard["estimated_tokens"]
             exact = False
@@ -178,6 +185,15 @@ def preflight(status: ExtractionStatus, margin_bytes: int) -> None:
             f"{human_bytes(status.free_bytes)} free minus a margin of "
             f"{human_bytes(margin_bytes)}: short by {human_bytes(short)}"
         )
+
+
+def disk_preflight(config: dict, results: str | Path, log: logging.Logger) -> None:
+    """Log the extraction status, then `preflight` with the configured margin (the first step of
+    every job that writes a shard)."""
+    num_aux, hidden_size = target_shape(config, results)
+    status = extraction_status(results, num_aux=num_aux, hidden_size=hidden_size)
+    log.info("before this shard:\n%s", format_status(status))
+    preflight(status, margin_bytes=int(config["extract"]["disk_margin_gb"] * 1e9))
 
 
 def human_bytes(n: float) -> str:

@@ -53,7 +53,7 @@ def planned_shards():
 
 
 def all_hidden(wildcards=None):
-    return expand("results/hidden/shard-{shard}.zarr", shard=planned_shards())
+    return expand(HIDDEN_SHARD, shard=planned_shards())
 
 
 def aux_layer_ids(wildcards=None):
@@ -70,6 +70,36 @@ def aux_layer_ids(wildcards=None):
 
 # Bad layer ids fail every command at once, a dry run in a fresh directory included.
 aux_layer_ids()
+
+
+# One pass (extract.capture: during_generation): the generate job also writes the shard, and
+# no extract rule exists.
+ONE_PASS = config["extract"]["capture"] == "during_generation"
+HIDDEN_SHARD = "results/hidden/shard-{shard}.zarr"
+
+
+def one_pass_outputs():
+    """The generate rule's extra output in one pass: the shard's hidden states."""
+    return {"hidden": directory(HIDDEN_SHARD)} if ONE_PASS else {}
+
+
+def one_pass_params():
+    """The generate rule's extra params in one pass: what decides the captured shard (so a
+    change reruns generation, which now makes it)."""
+    if not ONE_PASS:
+        return {}
+    return {
+        "capture": config["extract"]["capture"],
+        "aux_layer_ids": aux_layer_ids(),
+        "codec": config["extract"]["codec"],
+        "chunk_mib": config["extract"]["chunk_mib"],
+        "max_len": prepare_max_len(),
+    }
+
+
+def prepare_max_len():
+    """The longest training sample (prepare's cut)."""
+    return config["prepare"]["max_len"] or config["target"]["max_model_len"]
 
 
 def all_responses(wildcards=None):

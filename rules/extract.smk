@@ -1,29 +1,32 @@
 # Hidden states of every token of a shard: aux layers + the last layer (pre-norm), one
 # compressed, checksummed zarr store per shard, written under a temporary name and renamed.
+# In one pass the generate jobs write the shards instead.
 
 
-rule extract:
-    input:
-        tokens="results/tokens/shard-{shard}.jsonl",
-        model=target_model_dir,
-    output:
-        directory("results/hidden/shard-{shard}.zarr"),
-    log:
-        "results/logs/extract/shard-{shard}.log",
-    benchmark:
-        "results/benchmarks/extract/shard-{shard}.tsv"
-    conda:
-        VLLM_ENV
-    threads: 2
-    resources:
-        mem_mb=6000,
-        gpu=GPUS_PER_JOB,
-    params:
-        backend=config["extract"]["backend"],
-        server_url=config["extract"]["server_url"],
-        aux_layer_ids=aux_layer_ids,
-        codec=config["extract"]["codec"],
-        chunk_mib=config["extract"]["chunk_mib"],
-        max_model_len=config["target"]["max_model_len"],
-    script:
-        "../scripts/extract.py"
+if not ONE_PASS:
+
+    rule extract:
+        input:
+            tokens="results/tokens/shard-{shard}.jsonl",
+            model=target_model_dir,
+        output:
+            directory("results/hidden/shard-{shard}.zarr"),
+        log:
+            "results/logs/extract/shard-{shard}.log",
+        benchmark:
+            "results/benchmarks/extract/shard-{shard}.tsv"
+        conda:
+            VLLM_ENV
+        threads: 2
+        resources:
+            mem_mb=6000,
+            gpu=GPUS_PER_JOB,
+        params:
+            backend=config["extract"]["backend"],
+            server_url=config["extract"]["server_url"],
+            aux_layer_ids=aux_layer_ids,
+            codec=config["extract"]["codec"],
+            chunk_mib=config["extract"]["chunk_mib"],
+            max_model_len=config["target"]["max_model_len"],
+        script:
+            "../scripts/extract.py"

@@ -11,6 +11,6 @@ rule prepare:
     conda:
         "../envs/torch.yaml"
     params:
-        max_len=config["prepare"]["max_len"] or config["target"]["max_model_len"],
+        max_len=prepare_max_len(),
     script:
         "../scripts/prepare.py"

@@ -2,16 +2,13 @@
 
 from eagleflow.extract import extract_shard
 from eagleflow.logs import exit_on_input_error, setup_job_logging
-from eagleflow.status import extraction_status, format_status, preflight, target_shape
+from eagleflow.status import disk_preflight
 
 if __name__ == "__main__":  # vLLM spawns worker processes that re-import this module
     log = setup_job_logging(snakemake.log[0])
     params, extract = snakemake.params, snakemake.config["extract"]
     with exit_on_input_error(log):
-        num_aux, hidden_size = target_shape(snakemake.config, "results")
-        status = extraction_status("results", num_aux=num_aux, hidden_size=hidden_size)
-        log.info("before this shard:\n%s", format_status(status))
-        preflight(status, margin_bytes=int(extract["disk_margin_gb"] * 1e9))
+        disk_preflight(snakemake.config, "results", log)
         summary = extract_shard(
             snakemake.input.tokens,
             snakemake.input.model,
