@@ -5,8 +5,8 @@ Each script runs in a subprocess of its own, with its default (quick) arguments 
 finished demo run (`--results`), and writes its figures with `--json`. Scripts run strictly one
 at a time: on a 2-core machine two would slow each other down and skew every timing. A script
 that fails gets "failed: <last line of its stderr>" in its table and the others still run; the
-exit status is then 1. `faults` (kill -9 and corruption trials, long) runs only when named in
-`--only`.
+exit status is then 1. `faults` (kill -9 and corruption trials) and `one_pass` (the workflow
+twice, and three drafter trainings) are long and run only when named in `--only`.
 
     .venv/bin/python bench/results.py --results results          # everything but faults
     .venv/bin/python bench/results.py --only dag_scale --dag-shards 10,100 --out /tmp/R.md
@@ -381,6 +381,49 @@ def faults_rows(f: dict) -> list[Row]:
     ]
 
 
+def one_pass_rows(f: dict) -> list[Row]:
+    c, acc = f["comparison"], f["offline_mean_acceptance_k3"]
+    return [
+        Row("prompts, drafter training steps", f"{f['prompts']}, {f['train_steps']}"),
+        Row(
+            "two passes (generate, prepare, extract): s, tok/s",
+            f"{f['two_pass']['seconds']:,.0f}, {f['two_pass']['tokens_per_s']:,}",
+            key="two_pass",
+        ),
+        Row(
+            "one pass (capture during generation): s, tok/s",
+            f"{f['one_pass']['seconds']:,.0f}, {f['one_pass']['tokens_per_s']:,}",
+            key="one_pass",
+        ),
+        Row(
+            "one pass / two passes, wall time",
+            f"{f['one_over_two']:.2f}",
+            "<= 0.6",
+            f["one_over_two"] <= 0.6,
+            "one_over_two",
+        ),
+        Row(
+            "one-pass vs separate-pass shards: identical ids; beyond tolerance",
+            f"{c['identical_ids']}/{c['samples_compared']}; {c['beyond_tolerance']}",
+            "all; 0",
+            c["identical_ids"] == c["samples_compared"] and c["beyond_tolerance"] == 0,
+            "comparison",
+        ),
+        Row(
+            "max relative error of states (last layer)",
+            f"{c['max_relative_error'].get('last', float('nan')):.4f}",
+            key="comparison.max_relative_error",
+        ),
+        Row(
+            "offline acceptance K=3: one pass vs two passes (two passes, seed 1)",
+            f"{acc['one_pass']:.3f} vs {acc['two_pass']:.3f} ({acc['two_pass_seed1']:.3f})",
+            "difference within seed noise",
+            acc["within_noise"],
+            "offline_mean_acceptance_k3",
+        ),
+    ]
+
+
 def model_args(args: argparse.Namespace) -> list[str]:
     return ["--model", str(args.model), "--prompts", str(args.prompts)]
 
@@ -415,6 +458,14 @@ BENCHES = [
         acceptance_rows,
     ),
     Bench("dag_scale", "DAG scale", "dag_scale.py", dag_args, dag_rows),
+    Bench(
+        "one_pass",
+        "One pass vs two passes",
+        "one_pass.py",
+        lambda a: ["--reference", str(Path(a.results).resolve().parent)],
+        one_pass_rows,
+        by_default=False,
+    ),
     Bench("codecs", "Codecs", "codecs.py", model_args, codecs_rows),
     Bench(
         "faults",

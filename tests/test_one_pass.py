@@ -11,7 +11,6 @@ from pathlib import Path
 
 import pytest
 import torch
-import yaml
 from conftest import (
     TRAINING_AND_DOWNSTREAM,
     free_port,
@@ -141,7 +140,6 @@ def test_one_pass_through_an_extraction_server(one_pass_run: Path, tmp_path: Pat
     smallest = min(shard_paths(one_pass_run), key=lambda p: open_shard(one_pass_run / p).num_tokens)
     shard = smallest.split("shard-")[1].removesuffix(".zarr")
     target = one_pass_run / "results/demo/target"
-    config = yaml.safe_load((one_pass_run / "config.yaml").read_text())
     with running_server(
         target,
         port=free_port(),
@@ -155,7 +153,7 @@ def test_one_pass_through_an_extraction_server(one_pass_run: Path, tmp_path: Pat
             tmp_path / "responses.jsonl",
             tmp_path / "shard.zarr",
             backend="server",
-            sampling=Sampling(0.0, 1.0, config["generation"]["max_new_tokens"], 0),
+            sampling=Sampling(0.0, 1.0, 256, 0),  # the config's, defaults all
             on_truncated="keep",
             max_model_len=1024,
             shard_format=ShardFormat(max_len=1024),
