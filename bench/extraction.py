@@ -34,6 +34,7 @@ from pathlib import Path
 import psutil
 
 from eagleflow.files import read_jsonl, write_jsonl
+from eagleflow.shards import DEFAULT_CODEC
 
 JOBS = ("generate", "prefill", "extract", "naive", "server")
 
@@ -112,7 +113,7 @@ def job_extract(args: argparse.Namespace) -> dict:
     """`extract_shard` into `--out`."""
     from eagleflow.extract import extract_shard
 
-    return extract_shard(args.tokens, args.model, args.out, backend=args.backend)
+    return extract_shard(args.tokens, args.model, args.out, backend=args.backend, codec=args.codec)
 
 
 def job_server(args: argparse.Namespace) -> dict:
@@ -233,6 +234,7 @@ def main() -> None:
     parser.add_argument("--tokens", help=argparse.SUPPRESS)
     parser.add_argument("--out", help=argparse.SUPPRESS)
     parser.add_argument("--backend", default="vllm", help=argparse.SUPPRESS)
+    parser.add_argument("--codec", default=DEFAULT_CODEC, help=argparse.SUPPRESS)
     parser.add_argument("--server-concurrency", type=int, default=8)
     args = parser.parse_args()
     os.environ["HF_HUB_OFFLINE"] = "1"
@@ -256,6 +258,8 @@ def main() -> None:
     prefill_1x, prefill_4x = prefill[str(tokens_1x)], prefill[str(tokens_4x)]
     extract_1x = run_job("extract", args, work, tokens=tokens_1x, out=work / "shard-1x.zarr")
     extract_4x = run_job("extract", args, work, tokens=tokens_4x, out=work / "shard-4x.zarr")
+    uncompressed = run_job("extract", args, work, tokens=tokens_1x, out=work / "shard-none.zarr",
+                           codec="none")  # fmt: skip
     naive = run_job("naive", args, work, tokens=tokens_1x, out=work / "naive")
     server = run_job("server", args, work, tokens=tokens_1x, out=work / "shard-server.zarr",
                      server_concurrency=args.server_concurrency)  # fmt: skip
@@ -273,6 +277,15 @@ def main() -> None:
         "server_tok_s": server["tokens_per_s"],
         "server_over_extract": server["tokens_per_s"] / extract_1x["tokens_per_s"],
         "extract_over_prefill": extract_1x["tokens_per_s"] / prefill_1x["tokens_per_s"],
+        "uncompressed_tok_s": uncompressed["tokens_per_s"],
+        "uncompressed_over_prefill": uncompressed["tokens_per_s"] / prefill_1x["tokens_per_s"],
+        # Microseconds per token: the compression (b vs b without it) and all of the extraction
+        # pipeline (b vs a), on the same cores as the prefill.
+        "compression_us_per_token": 1e6 / extract_1x["tokens_per_s"]
+        - 1e6 / uncompressed["tokens_per_s"],
+        "extraction_us_per_token": 1e6 / extract_1x["tokens_per_s"]
+        - 1e6 / prefill_1x["tokens_per_s"],
+        "prefill_us_per_token": 1e6 / prefill_1x["tokens_per_s"],
         "extract_over_prefill_4x": extract_4x["tokens_per_s"] / prefill_4x["tokens_per_s"],
         "extract_over_naive": extract_1x["tokens_per_s"] / naive["tokens_per_s"],
         "raw_bytes_per_token": raw_per_token,
@@ -294,6 +307,11 @@ def main() -> None:
         ("(d) extraction through one vLLM server, tok/s", f"{server['tokens_per_s']:.0f}", ""),
         ("d / b (server mode vs in-process)", f"{figures['server_over_extract']:.2f}", ""),
         ("b / a", f"{figures['extract_over_prefill']:.2f}", ">= 0.90"),
+        ("(b0) as (b) without compression (codec none), tok/s; b0 / a",
+         f"{uncompressed['tokens_per_s']:.0f}; {figures['uncompressed_over_prefill']:.2f}", ""),
+        ("us/token: prefill (a); extraction beyond it (b - a); of which compression (b - b0)",
+         f"{figures['prefill_us_per_token']:.1f}; {figures['extraction_us_per_token']:.1f}; "
+         f"{figures['compression_us_per_token']:.1f}", ""),
         ("b / c", f"{figures['extract_over_naive']:.2f}", ">= 3.5"),
         ("activation bytes/token: stored / raw bf16",
          f"{stored_per_token:.0f} / {raw_per_token:.0f} = {figures['stored_over_raw']:.3f}",

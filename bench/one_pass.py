@@ -39,7 +39,7 @@ def prepare_workdir(reference: Path, workdir: Path, config: dict) -> None:
     shutil.rmtree(workdir, ignore_errors=True)
     shutil.copytree(reference / "results/demo", workdir / "results/demo")
     (workdir / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
-    snakemake(workdir, "results/plan/plan.json")
+    snakemake(workdir, "results/plan")
 
 
 def timed_hidden(workdir: Path) -> dict:

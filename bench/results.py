@@ -121,6 +121,17 @@ def extraction_rows(f: dict) -> list[Row]:
             "extract_over_prefill_4x",
             at_least=True,
         ),
+        Row(
+            "(b0) as (b) without compression: tok/s, b0 / a",
+            f"{f['uncompressed_tok_s']:,.0f}, {f['uncompressed_over_prefill']:.2f}",
+            key="uncompressed_tok_s, uncompressed_over_prefill",
+        ),
+        Row(
+            "us/token: prefill (a); extraction beyond it; of which compression",
+            f"{f['prefill_us_per_token']:.1f}; {f['extraction_us_per_token']:.1f}; "
+            f"{f['compression_us_per_token']:.1f}",
+            key="prefill_us_per_token, extraction_us_per_token, compression_us_per_token",
+        ),
         ratio_row(
             "b / c",
             f["extract_over_naive"],
