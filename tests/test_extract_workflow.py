@@ -20,6 +20,10 @@ from conftest import (
     write_config,
 )
 
+from eagleflow.capture import ShardFormat, generate_and_capture_shard
+from eagleflow.compare import compare_shards, format_comparison
+from eagleflow.files import read_jsonl
+from eagleflow.generate import Sampling
 from eagleflow.serve import running_server
 from eagleflow.shards import open_shard
 
@@ -102,7 +106,8 @@ def test_server_mode_extracts_every_shard_with_one_model_load(
     demo_run: Path, demo_copy: Path, tmp_path: Path
 ) -> None:
     """Shard jobs send their prefills to one extraction server: the target is loaded once for
-    all of them, and the shards hold the same states as the in-process engine's."""
+    all of them, and the shards hold the same states as the in-process engine's. The same server
+    also serves one-pass generation."""
     stores = hidden_stores(demo_copy)
     target = demo_copy / "results/demo/target"
     server_log = tmp_path / "server.log"
@@ -117,6 +122,7 @@ def test_server_mode_extracts_every_shard_with_one_model_load(
         config["extract"] = {"backend": "server", "server_url": url}
         (demo_copy / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
         run_snakemake(demo_copy, "hidden")  # the changed backend reruns every extract job
+        one_pass_through_the_server(url, demo_run, tmp_path)
     loads = server_log.read_text().count("Starting to load model")
     jobs = len(list((demo_copy / "results/logs/extract").glob("*.log")))
     print(f"server mode: {loads} model load for {len(stores)} shard jobs")
@@ -137,3 +143,40 @@ def test_server_mode_extracts_every_shard_with_one_model_load(
                 identical += int(torch.equal(a, b))
                 compared += 1
     print(f"server vs in-process states: {identical}/{compared} arrays bit-identical")
+
+
+def one_pass_through_the_server(url: str, demo_run: Path, tmp_path: Path) -> None:
+    """One pass in server mode: generation requests to the same extraction server return the
+    states of prompt and answer too (the smallest shard of the run)."""
+    stores = hidden_stores(demo_run)
+    shard = min(stores, key=lambda s: open_shard(stores[s]).num_tokens)
+    summary = generate_and_capture_shard(
+        demo_run / f"results/plan/shard-{shard}.jsonl",
+        demo_run / "results/demo/target",
+        tmp_path / "responses.jsonl",
+        tmp_path / "shard.zarr",
+        backend="server",
+        sampling=Sampling(0.0, 1.0, 256, 0),  # the config's, defaults all
+        on_truncated="keep",
+        max_model_len=1024,
+        shard_format=ShardFormat(max_len=1024),
+        server_url=url,
+        server_concurrency=4,
+    )
+    print(summary)
+    served = open_shard(tmp_path / "shard.zarr")
+    assert served.attrs["backend"] == "server" and served.attrs["capture"] == "during_generation"
+    records = {r["id"]: r for r in read_jsonl(tmp_path / "responses.jsonl")}
+    for sample in served.iter_samples():
+        record = records[sample["sample_id"]]
+        assert (
+            sample["input_ids"].tolist()
+            == record["prompt_token_ids"] + record["response_token_ids"]
+        )
+    # The server's engine is compiled, the run's generation eager: answers may part at greedy
+    # near-ties; where the ids agree, so must the states.
+    comparison = compare_shards(tmp_path / "shard.zarr", stores[shard])
+    print(f"one pass, server vs separate pass:\n{format_comparison(comparison)}")
+    assert comparison.samples_compared == served.num_samples
+    assert comparison.identical_ids >= comparison.samples_compared // 2
+    assert not comparison.beyond_tolerance

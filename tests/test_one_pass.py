@@ -13,7 +13,6 @@ import pytest
 import torch
 from conftest import (
     TRAINING_AND_DOWNSTREAM,
-    free_port,
     run_snakemake,
     scheduled_outputs,
     write_config,
@@ -25,7 +24,6 @@ from eagleflow.compare import compare_shards, format_comparison
 from eagleflow.faults import corruption_trial, planned_shards
 from eagleflow.files import read_jsonl
 from eagleflow.generate import Sampling
-from eagleflow.serve import running_server
 from eagleflow.shards import open_shard
 from eagleflow.status import extraction_status
 from eagleflow.train import ttt_terms
@@ -133,48 +131,6 @@ def test_switching_back_reschedules_every_extract_job(one_pass_run: Path) -> Non
         config.write_text(original)
     assert sorted(scheduled_outputs(dry, "results/hidden/")) == shard_paths(one_pass_run)
     assert dry.count("rule extract:") == len(shard_paths(one_pass_run))
-
-
-def test_one_pass_through_an_extraction_server(one_pass_run: Path, tmp_path: Path) -> None:
-    """Server mode: generation requests to one extraction server return the states too."""
-    smallest = min(shard_paths(one_pass_run), key=lambda p: open_shard(one_pass_run / p).num_tokens)
-    shard = smallest.split("shard-")[1].removesuffix(".zarr")
-    target = one_pass_run / "results/demo/target"
-    with running_server(
-        target,
-        port=free_port(),
-        log_path=tmp_path / "server.log",
-        extract_layer_ids=[2, 4, 5, 8],
-        storage_dir=tmp_path / "server-states",
-    ) as url:
-        summary = generate_and_capture_shard(
-            one_pass_run / f"results/plan/shard-{shard}.jsonl",
-            target,
-            tmp_path / "responses.jsonl",
-            tmp_path / "shard.zarr",
-            backend="server",
-            sampling=Sampling(0.0, 1.0, 256, 0),  # the config's, defaults all
-            on_truncated="keep",
-            max_model_len=1024,
-            shard_format=ShardFormat(max_len=1024),
-            server_url=url,
-            server_concurrency=4,
-        )
-    print(summary)
-    served = open_shard(tmp_path / "shard.zarr")
-    assert served.attrs["backend"] == "server"
-    records = {r["id"]: r for r in read_jsonl(tmp_path / "responses.jsonl")}
-    for sample in served.iter_samples():
-        record = records[sample["sample_id"]]
-        ids = record["prompt_token_ids"] + record["response_token_ids"]
-        assert sample["input_ids"].tolist() == ids
-    assert not list((tmp_path / "server-states").glob("*.safetensors"))  # consumed files deleted
-    # The server's engine is compiled, the in-process one eager: answers may part at greedy
-    # near-ties; where the ids agree, so must the states.
-    comparison = compare_shards(tmp_path / "shard.zarr", one_pass_run / smallest)
-    print(format_comparison(comparison))
-    assert comparison.identical_ids >= comparison.samples_compared // 2
-    assert not comparison.beyond_tolerance
 
 
 def test_states_of_a_samples_last_token_are_never_read() -> None:
