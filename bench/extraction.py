@@ -144,31 +144,37 @@ def job_server(args: argparse.Namespace) -> dict:
         )
 
 
-def job_naive(args: argparse.Namespace) -> dict:
-    """One sample at a time through the full causal LM, `output_hidden_states=True`, and a
-    `torch.save` per sample of the aux layers and the last entry."""
+def naive_extract(model_dir: str, tokens: str | Path, out: str | Path, device: str = "cpu") -> dict:
+    """One sample at a time through the full causal LM on `device`, `output_hidden_states=True`,
+    and a `torch.save` per sample of the aux layers and the last entry (baseline (c))."""
     import torch
     from transformers import AutoModelForCausalLM
 
     from eagleflow.layers import default_layer_ids
 
-    samples = read_jsonl(args.tokens)
-    model = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.bfloat16).eval()
+    samples = read_jsonl(tokens)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.bfloat16).eval()
+    model.to(device)
     aux_ids, _ = default_layer_ids(model.config.num_hidden_layers)
-    out = Path(args.out)
+    out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     start = time.monotonic()
     with torch.inference_mode():
         for sample in samples:
-            ids = torch.tensor([sample["input_ids"]])
+            ids = torch.tensor([sample["input_ids"]], device=device)
             states = model(input_ids=ids, output_hidden_states=True).hidden_states
             aux = torch.stack([states[k][0] for k in aux_ids], dim=1)
             torch.save({"aux": aux, "last": states[-1][0]}, out / f"{sample['id']}.pt")
     seconds = time.monotonic() - start
-    tokens = sum(len(s["input_ids"]) for s in samples)
+    n_tokens = sum(len(s["input_ids"]) for s in samples)
     stored = sum(p.stat().st_size for p in out.iterdir())
-    return {"tokens": tokens, "seconds": seconds, "tokens_per_s": tokens / seconds,
+    return {"tokens": n_tokens, "seconds": seconds, "tokens_per_s": n_tokens / seconds,
             "stored_bytes": stored}  # fmt: skip
+
+
+def job_naive(args: argparse.Namespace) -> dict:
+    """Baseline (c) on the CPU: `naive_extract` of `--tokens` into `--out`."""
+    return naive_extract(args.model, args.tokens, args.out)
 
 
 def run_job(job: str, args: argparse.Namespace, work: Path, **options: str) -> dict:
