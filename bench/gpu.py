@@ -359,6 +359,8 @@ def train_settings(args: argparse.Namespace, work: Path, name: str, **overrides)
 def rate(figures: dict, key: str = "tokens_per_s") -> str:
     if key in figures:
         return f"{figures[key]:,.0f}"
+    if not figures:
+        return "not run"
     return "skipped: " + str(figures.get("skipped") or f"failed ({figures.get('failed')})")
 
 
@@ -469,7 +471,7 @@ def main() -> None:
     # Report.
     gpu_ext, cpu_ext = ext.get("gpu", {}), ext["cpu"]
     naive = ext.get("naive_gpu", {})
-    device = "GPU" if gpu else "CPU (--allow-cpu)"
+    device = "CPU (--allow-cpu)" if args.allow_cpu and not gpu else "GPU"
     rows = [
         (f"(b) hf extraction to zarr on {device}, tok/s, 1x", rate(gpu_ext)),
         (f"(b) the same, {args.repeat}x the samples", rate(ext.get("gpu_repeated", {}))),
