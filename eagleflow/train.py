@@ -48,9 +48,9 @@ class TrainSettings:
     out_speculators: str
     metrics: str
     checkpoint_dir: str
-    steps: int = 1500
+    steps: int = 1200
     batch_tokens: int = 2048
-    learning_rate: float = 1e-2
+    learning_rate: float = 5e-3
     warmup_steps: int = 100
     min_lr_ratio: float = 0.1
     weight_decay: float = 0.0
