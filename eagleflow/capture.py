@@ -35,7 +35,6 @@ from eagleflow.extract import (
     new_shard_writer,
     shard_summary,
     take_states,
-    target_dims,
 )
 from eagleflow.files import read_jsonl, write_jsonl
 from eagleflow.generate import (
@@ -53,7 +52,6 @@ from eagleflow.logs import InputError
 from eagleflow.prepare import kept_sample
 from eagleflow.shards import DEFAULT_CHUNK_BYTES, DEFAULT_CODEC, ShardWriter
 
-CAPTURE_MODES = ("separate_pass", "during_generation")
 INCLUDE_OUTPUT_TOKENS = {"include_output_tokens": True}
 ONE_PASS_ATTRS = {
     "capture": "during_generation",
@@ -82,9 +80,9 @@ def _generate_vllm(
     *,
     max_model_len: int,
     max_pending_bytes: int,
+    hidden_size: int,
 ) -> Iterator[Captured]:
     """Generate with an in-process extraction engine; yield in request order."""
-    _, hidden_size = target_dims(model_dir)
     prompts = [r["prompt_token_ids"] for r in requests]
     params = [
         vllm_sampling_params(
@@ -159,9 +157,7 @@ def _generate_server(
                 yield index, completion, take_states(path)
 
 
-def append_generated(
-    writer: ShardWriter, sample: dict, states: dict[str, torch.Tensor], hidden_size: int
-) -> None:
+def append_generated(writer: ShardWriter, sample: dict, states: dict[str, torch.Tensor]) -> None:
     """Append a one-pass `sample` with the states the engine captured while generating it.
 
     The engine's token ids must be the sample's prompt and response minus the last generated
@@ -176,7 +172,9 @@ def append_generated(
         )
     last_token_unseen = length > len(engine_ids)  # only ever by the one generated last
     hidden = states["hidden_states"][: length - last_token_unseen]
-    append_states(writer, sample, hidden, ids, hidden_size, last_token_unseen=last_token_unseen)
+    append_states(
+        writer, sample, hidden, ids, writer.hidden_size, last_token_unseen=last_token_unseen
+    )
 
 
 def generate_and_capture_shard(
@@ -211,7 +209,6 @@ def generate_and_capture_shard(
         raise InputError("generation.server_url: required when generation.backend is 'server'")
     requests = read_jsonl(requests_path)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    _, hidden_size = target_dims(model_dir)
     start = time.monotonic()
     with new_shard_writer(
         model_dir,
@@ -231,6 +228,7 @@ def generate_and_capture_shard(
                 layer_ids,
                 max_model_len=max_model_len,
                 max_pending_bytes=max_pending_bytes,
+                hidden_size=writer.hidden_size,
             )
         else:
             captured = _generate_server(
@@ -249,7 +247,7 @@ def generate_and_capture_shard(
                 if completion.kept(on_truncated) and sample is not None:
                     sample["input_ids"] = np.asarray(sample["input_ids"], dtype=np.int32)
                     sample["loss_mask"] = np.asarray(sample["loss_mask"], dtype=bool)
-                    append_generated(writer, sample, states, hidden_size)
+                    append_generated(writer, sample, states)
                 generated += len(completion.token_ids)
                 bar.set_postfix(tok_s=f"{generated / max(bar.format_dict['elapsed'], 1e-9):.0f}")
                 bar.update(1)
