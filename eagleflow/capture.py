@@ -14,10 +14,8 @@ training loss nor the offline evaluation reads the states of a sample's last tok
 
 from __future__ import annotations
 
-import collections
 import time
 from collections.abc import Iterator, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -32,7 +30,9 @@ from eagleflow.extract import (
     check_server_info,
     extraction_engine,
     finished_in_order,
+    in_order_on_threads,
     new_shard_writer,
+    server_states_path,
     shard_summary,
     take_states,
 )
@@ -40,13 +40,14 @@ from eagleflow.files import read_jsonl, write_jsonl
 from eagleflow.generate import (
     Completion,
     Sampling,
-    post_json,
+    completion_payload,
+    post_completion,
     request_seed,
     response_records,
+    server_completion,
     server_model_name,
     vllm_completion,
     vllm_sampling_params,
-    with_retries,
 )
 from eagleflow.logs import InputError
 from eagleflow.prepare import kept_sample
@@ -120,41 +121,21 @@ def _generate_server(
     --extract-layers`), `concurrency` requests in flight and at most twice that ahead of the one
     being consumed; yield in request order."""
     model = server_model_name(url, purpose="generation (one pass)")
-    endpoint = f"{url.rstrip('/')}/v1/completions"
 
     def generate(request: dict) -> tuple[Completion, str]:
-        payload = {
-            "model": model,
-            "prompt": request["prompt_token_ids"],
-            "max_tokens": sampling.max_new_tokens,
-            "temperature": sampling.temperature,
-            "top_p": sampling.top_p,
-            "seed": request_seed(sampling.seed, request["id"]),
-            "return_token_ids": True,
-            "skip_special_tokens": False,
-            "kv_transfer_params": INCLUDE_OUTPUT_TOKENS,
-        }
-        body = with_retries(lambda: post_json(endpoint, payload, timeout_s), 4, 1.0)
-        path = (body.get("kv_transfer_params") or {}).get("hidden_states_path")
-        if path is None:
-            raise InputError(
-                f"server {url} returned no hidden states for {request['id']}: it is not an "
-                "extraction server (start it with `python -m eagleflow.serve --extract-layers`)"
-            )
-        choice = body["choices"][0]
-        reason = "length" if choice.get("finish_reason") == "length" else "stop"
-        return Completion(list(choice["token_ids"]), reason), path
+        seed = request_seed(sampling.seed, request["id"])
+        payload = completion_payload(
+            model, request["prompt_token_ids"], seed, sampling,
+            kv_transfer_params=INCLUDE_OUTPUT_TOKENS,
+        )  # fmt: skip
+        body = post_completion(url, payload, timeout_s=timeout_s)
+        return server_completion(url, body), server_states_path(url, body, request["id"])
 
-    with ThreadPoolExecutor(concurrency) as pool:
-        pending: collections.deque = collections.deque()
-        for i, request in enumerate(requests):
-            pending.append((i, pool.submit(generate, request)))
-            while len(pending) >= 2 * concurrency or (pending and i == len(requests) - 1):
-                index, future = pending.popleft()
-                completion, path = future.result()
-                if index == 0:  # the first file: check whose server wrote it
-                    check_server_info(url, path, layer_ids, model_dir)
-                yield index, completion, take_states(path)
+    answers = in_order_on_threads(generate, requests, concurrency)
+    for index, (_, (completion, path)) in enumerate(answers):
+        if index == 0:  # the first file: check whose server wrote it
+            check_server_info(url, path, layer_ids, model_dir)
+        yield index, completion, take_states(path)
 
 
 def append_generated(writer: ShardWriter, sample: dict, states: dict[str, torch.Tensor]) -> None:

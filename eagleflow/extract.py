@@ -31,7 +31,7 @@ import tempfile
 import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import torch
@@ -392,6 +392,42 @@ def check_server_info(url: str, path: str, ids: list[int], model_dir: str | Path
         raise InputError(f"extraction server {url} serves another target than {model_dir}")
 
 
+T = TypeVar("T")
+R = TypeVar("R")
+
+
+def in_order_on_threads(
+    call: Callable[[T], R], items: Sequence[T], concurrency: int
+) -> Iterator[tuple[T, R]]:
+    """(item, call(item)) in the order of `items`, the calls running on `concurrency` threads
+    at most 2x `concurrency` ahead of the one consumed: a server stays busy, and the results
+    waiting (files in its storage) stay bounded whatever the shard size."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(concurrency) as pool:
+        pending: collections.deque = collections.deque()
+        for item in items:
+            pending.append((item, pool.submit(call, item)))
+            if len(pending) == 2 * concurrency:
+                oldest, result = pending.popleft()
+                yield oldest, result.result()
+        while pending:
+            oldest, result = pending.popleft()
+            yield oldest, result.result()
+
+
+def server_states_path(url: str, response: dict, sample_id: str) -> str:
+    """Where an extraction server wrote the hidden states of the request answered by
+    `response`; a clear error when the server is not one."""
+    path = (response.get("kv_transfer_params") or {}).get("hidden_states_path")
+    if path is None:
+        raise InputError(
+            f"server {url} returned no hidden states for {sample_id}: it is not an "
+            "extraction server (start it with `python -m eagleflow.serve --extract-layers`)"
+        )
+    return path
+
+
 def extract_server(
     url: str,
     model_dir: str | Path,
@@ -405,14 +441,11 @@ def extract_server(
     --extract-layers`), so that many shard jobs share one loaded target. Prompts go as token
     ids with `max_tokens=1`; the server's connector writes each one's states to its storage
     directory, which this process must be able to read. Returns the seconds spent."""
-    from concurrent.futures import ThreadPoolExecutor
-
-    from eagleflow.generate import post_json, server_model_name, with_retries
+    from eagleflow.generate import post_completion, server_model_name
 
     num_layers, hidden_size = target_dims(model_dir)
     ids = _captured_ids(writer, num_layers)
     model = server_model_name(url, purpose="extraction")
-    endpoint = f"{url.rstrip('/')}/v1/completions"
 
     def prefill(sample: dict) -> str:
         payload = {
@@ -421,40 +454,18 @@ def extract_server(
             "max_tokens": 1,
             "temperature": 0.0,
         }
-        response = with_retries(lambda: post_json(endpoint, payload, timeout_s), 4, 1.0)
-        params = response.get("kv_transfer_params") or {}
-        if "hidden_states_path" not in params:
-            raise InputError(
-                f"server {url} returned no hidden states for {sample['id']}: it is not an "
-                "extraction server (start it with `python -m eagleflow.serve --extract-layers`)"
-            )
-        return params["hidden_states_path"]
+        response = post_completion(url, payload, timeout_s=timeout_s)
+        return server_states_path(url, response, sample["id"])
 
     start = time.monotonic()
-    with (
-        ThreadPoolExecutor(concurrency) as pool,
-        _progress(len(samples), "extract (server)") as advance,
-    ):
-        # Up to 2x `concurrency` requests ahead of the one being appended: the server stays
-        # busy, and the files waiting in its storage stay bounded whatever the shard size.
-        pending: collections.deque = collections.deque()
-
-        def append_oldest() -> None:
-            sample, request = pending.popleft()
-            path = request.result()
+    with _progress(len(samples), "extract (server)") as advance:
+        for sample, path in in_order_on_threads(prefill, samples, concurrency):
             if writer.num_samples == 0:  # the first file: check whose server wrote it
                 check_server_info(url, path, ids, model_dir)
             states = take_states(path)
             check_tokens(sample, states["token_ids"])
             append_states(writer, sample, states["hidden_states"], ids, hidden_size)
             advance(1, len(sample["input_ids"]))
-
-        for sample in samples:
-            pending.append((sample, pool.submit(prefill, sample)))
-            if len(pending) == 2 * concurrency:
-                append_oldest()
-        while pending:
-            append_oldest()
     return time.monotonic() - start
 
 

@@ -186,6 +186,43 @@ def with_retries(call: Callable[[], dict], retries: int, backoff_s: float) -> di
     raise AssertionError("unreachable")
 
 
+def completion_payload(
+    model: str, prompt_ids: list[int], seed: int, sampling: Sampling, **extra: Any
+) -> dict:
+    """A /v1/completions request that sends token ids and asks for token ids back."""
+    return {
+        "model": model,
+        "prompt": prompt_ids,
+        "max_tokens": sampling.max_new_tokens,
+        "temperature": sampling.temperature,
+        "top_p": sampling.top_p,
+        "seed": seed,
+        "return_token_ids": True,
+        "skip_special_tokens": False,
+        **extra,
+    }
+
+
+def post_completion(
+    url: str, payload: dict, retries: int = 4, backoff_s: float = 1.0, timeout_s: float = 600.0
+) -> dict:
+    """POST `payload` to the server's /v1/completions, retrying transient failures."""
+    endpoint = f"{url.rstrip('/')}/v1/completions"
+    return with_retries(lambda: post_json(endpoint, payload, timeout_s), retries, backoff_s)
+
+
+def server_completion(url: str, body: dict) -> Completion:
+    """The Completion of a /v1/completions response (which must carry token ids)."""
+    choice = body["choices"][0]
+    if choice.get("token_ids") is None:
+        raise InputError(
+            f"server {url} returned no token ids; it must support `return_token_ids` "
+            "(vLLM does) because re-tokenizing generated text changes ids"
+        )
+    reason = "length" if choice.get("finish_reason") == "length" else "stop"
+    return Completion(list(choice["token_ids"]), reason)
+
+
 def generate_server(
     url: str,
     prompt_ids: Sequence[list[int]],
@@ -203,28 +240,11 @@ def generate_server(
     (`return_token_ids`, as vLLM does): re-tokenizing returned text would change ids.
     """
     model = server_model_name(url)
-    endpoint = f"{url.rstrip('/')}/v1/completions"
 
     def one(i: int) -> Completion:
-        payload = {
-            "model": model,
-            "prompt": prompt_ids[i],
-            "max_tokens": sampling.max_new_tokens,
-            "temperature": sampling.temperature,
-            "top_p": sampling.top_p,
-            "seed": seeds[i],
-            "return_token_ids": True,
-            "skip_special_tokens": False,
-        }
-        body = with_retries(lambda: post_json(endpoint, payload, timeout_s), retries, backoff_s)
-        choice = body["choices"][0]
-        if choice.get("token_ids") is None:
-            raise InputError(
-                f"server {url} returned no token ids; it must support `return_token_ids` "
-                "(vLLM does) because re-tokenizing generated text changes ids"
-            )
-        reason = "length" if choice.get("finish_reason") == "length" else "stop"
-        return Completion(list(choice["token_ids"]), reason)
+        payload = completion_payload(model, prompt_ids[i], seeds[i], sampling)
+        body = post_completion(url, payload, retries, backoff_s, timeout_s)
+        return server_completion(url, body)
 
     completions: list[Completion | None] = [None] * len(prompt_ids)
     produced, start = 0, time.monotonic()

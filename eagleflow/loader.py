@@ -11,20 +11,24 @@ chunk caches plus workers x prefetch x batch.
 
 from __future__ import annotations
 
+import math
 import random
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import torch
-from torch.utils.data import DataLoader, Dataset, Sampler
+from torch.utils.data import DataLoader, Dataset, Sampler, get_worker_info
 
 from eagleflow.shards import ChunkCache, open_shard
 from eagleflow.split import is_heldout
 
-WINDOW = 32  # consecutive samples kept together (a few chunks' worth on small targets)
+# Consecutive samples of one shard kept together: about this many bytes of activations, i.e.
+# several chunks, so that few chunks are shared by two windows and decoded twice per epoch.
+WINDOW_BYTES = 16 * 2**20
 GROUP_WINDOWS = 8  # windows whose samples are mixed and length-sorted into batches
-CACHE_BYTES = 256 * 2**20  # decoded chunks kept per loader worker
+CACHE_BYTES = 256 * 2**20  # decoded chunks kept per loader worker: a group's chunks fit
 
 
 @dataclass(frozen=True)
@@ -46,6 +50,28 @@ def list_samples(shard_paths: Sequence[str | Path], heldout_fraction: float, spl
     return refs
 
 
+def window_tokens(shard_paths: Sequence[str | Path]) -> int:
+    """Tokens per shuffling window: WINDOW_BYTES of the shards' activations."""
+    attrs = open_shard(shard_paths[0]).attrs
+    token_bytes = 2 * attrs["hidden_size"] * (len(attrs["aux_layer_ids"]) + 1)
+    return max(1, WINDOW_BYTES // token_bytes)
+
+
+def windows(refs: Sequence[SampleRef], tokens: int) -> list[range]:
+    """Runs of consecutive samples of one shard holding about `tokens` tokens (at least one
+    sample each)."""
+    runs: list[range] = []
+    start, held = 0, 0
+    for i, ref in enumerate(refs):
+        if i > start and (held >= tokens or ref.shard != refs[start].shard):
+            runs.append(range(start, i))
+            start, held = i, 0
+        held += ref.num_tokens
+    if refs:
+        runs.append(range(start, len(refs)))
+    return runs
+
+
 def pack_batches(
     refs: Sequence[SampleRef], indices: Sequence[int], batch_tokens: int
 ) -> list[list[int]]:
@@ -65,21 +91,26 @@ def pack_batches(
 
 
 def epoch_batches(
-    refs: Sequence[SampleRef], seed: int, epoch: int, batch_tokens: int
+    refs: Sequence[SampleRef],
+    seed: int,
+    epoch: int,
+    batch_tokens: int,
+    window: int = 3000,
 ) -> list[list[int]]:
     """One epoch's global batches, the same for every process count.
 
-    Windows of consecutive samples are shuffled across all shards; each group of windows is
-    packed into length-sorted batches, shuffled within the group. A group's chunks fit in a
-    worker's chunk cache, so each chunk is decoded about once per epoch.
+    Windows of consecutive samples (`window` tokens each, see `window_tokens`) are shuffled
+    across all shards; each group of windows is packed into length-sorted batches, shuffled
+    within the group. A group's chunks fit in a worker's chunk cache, and a window spans
+    several chunks, so each chunk is decoded little more than once per epoch.
     """
     rng = random.Random(f"{seed}:{epoch}")
-    windows = [range(i, min(i + WINDOW, len(refs))) for i in range(0, len(refs), WINDOW)]
-    rng.shuffle(windows)
+    runs = windows(refs, window)
+    rng.shuffle(runs)
     batches: list[list[int]] = []
-    for g in range(0, len(windows), GROUP_WINDOWS):
+    for g in range(0, len(runs), GROUP_WINDOWS):
         group = pack_batches(
-            refs, [i for w in windows[g : g + GROUP_WINDOWS] for i in w], batch_tokens
+            refs, [i for w in runs[g : g + GROUP_WINDOWS] for i in w], batch_tokens
         )
         rng.shuffle(group)
         batches += group
@@ -99,14 +130,15 @@ class TrainBatches(Sampler[list[int]]):
         num_steps: int,
         rank: int = 0,
         world: int = 1,
+        window: int = 3000,
     ) -> None:
-        self.refs, self.batch_tokens, self.seed = refs, batch_tokens, seed
+        self.refs, self.batch_tokens, self.seed, self.window = refs, batch_tokens, seed, window
         self.start_step, self.num_steps, self.rank, self.world = start_step, num_steps, rank, world
 
     def global_batches(self) -> Iterator[list[int]]:
         epoch = 0
         while True:
-            yield from epoch_batches(self.refs, self.seed, epoch, self.batch_tokens)
+            yield from epoch_batches(self.refs, self.seed, epoch, self.batch_tokens, self.window)
             epoch += 1
 
     def __iter__(self) -> Iterator[list[int]]:
@@ -138,27 +170,46 @@ class ShardSamples(Dataset):
         if shard is None:
             self._cache = self._cache or ChunkCache(CACHE_BYTES)  # made in the worker process
             shard = self._open[ref.shard] = open_shard(self.shard_paths[ref.shard], self._cache)
-        return shard.sample(ref.index)
+        return shard.sample_rows(ref.index)  # views into the chunk cache: pad_batch copies
+
+
+def _batch_tensor(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+    """An uninitialised tensor; in a loader worker, allocated in shared memory, as torch's own
+    collate does, so that handing the batch to the trainer does not copy it once more."""
+    if get_worker_info() is None:
+        return torch.empty(shape, dtype=dtype)
+    storage = torch.UntypedStorage._new_shared(math.prod(shape) * dtype.itemsize)
+    return torch.empty(0, dtype=dtype).set_(storage, 0, shape)
+
+
+def _as_numpy(x: torch.Tensor | np.ndarray) -> np.ndarray:
+    """A numpy view of `x` (bf16 as its uint16 bit patterns): numpy's per-call overhead is a
+    fraction of torch's, which matters for the many small row copies of a batch."""
+    if isinstance(x, np.ndarray):
+        return x
+    return (x.view(torch.uint16) if x.dtype == torch.bfloat16 else x).numpy()
 
 
 def pad_batch(samples: list[dict]) -> dict[str, torch.Tensor]:
-    """Right-pad a list of samples to one [B, T, ...] batch; padding has loss_mask False."""
+    """Right-pad a list of samples to one [B, T, ...] batch; padding has loss_mask False.
+
+    A sample's arrays are tensors (`Shard.sample`) or stored rows (`Shard.sample_rows`)."""
     if not samples:  # a rank's share of a global batch can be empty
         return {"empty": torch.tensor(True)}
     length = max(len(s["input_ids"]) for s in samples)
     batch, (num_aux, hidden) = len(samples), samples[0]["aux"].shape[1:]
     out = {
-        "input_ids": torch.zeros(batch, length, dtype=torch.long),
-        "loss_mask": torch.zeros(batch, length, dtype=torch.bool),
-        "aux": torch.zeros(batch, length, num_aux * hidden, dtype=torch.bfloat16),
-        "last": torch.zeros(batch, length, hidden, dtype=torch.bfloat16),
+        "input_ids": _batch_tensor((batch, length), torch.long),
+        "loss_mask": _batch_tensor((batch, length), torch.bool),
+        "aux": _batch_tensor((batch, length, num_aux * hidden), torch.bfloat16),
+        "last": _batch_tensor((batch, length, hidden), torch.bfloat16),
     }
+    rows = {name: _as_numpy(tensor) for name, tensor in out.items()}
     for row, sample in enumerate(samples):
         n = len(sample["input_ids"])
-        out["input_ids"][row, :n] = sample["input_ids"]
-        out["loss_mask"][row, :n] = sample["loss_mask"]
-        out["aux"][row, :n] = sample["aux"].reshape(n, -1)
-        out["last"][row, :n] = sample["last"]
+        for name, rows_of in rows.items():
+            rows_of[row, :n] = _as_numpy(sample[name]).reshape(n, *rows_of.shape[2:])
+            rows_of[row, n:] = 0  # only the padding is zeroed, not the whole batch first
     return out
 
 

@@ -38,10 +38,14 @@ class InputError(ValueError):
 
 
 @contextlib.contextmanager
-def exit_on_input_error(log: logging.Logger) -> Iterator[None]:
-    """Report an InputError as one clear log line and exit 1, which fails the Snakemake job."""
+def log_job_errors(log: logging.Logger) -> Iterator[None]:
+    """Report an InputError as one clear log line, any other error with its traceback, in the
+    job's log file (where Snakemake points the user) as well as on stderr, and exit 1."""
     try:
         yield
     except InputError as err:
         log.error("%s", err)
+        sys.exit(1)
+    except Exception:
+        log.exception("job failed")
         sys.exit(1)

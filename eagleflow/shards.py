@@ -20,16 +20,19 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import itertools
+import os
 import warnings
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import google_crc32c
+import numcodecs
 import numpy as np
 import torch
 import zarr
-from zarr.codecs import BloscCodec, Crc32cCodec, ZstdCodec
+from zarr.codecs import BloscCodec, BytesCodec, Crc32cCodec, ZstdCodec
 from zarr.codecs.numcodecs import Shuffle
 from zarr.errors import ZarrUserWarning
 
@@ -108,6 +111,107 @@ def _as_numpy(x: Any) -> np.ndarray:
     return x.detach().cpu().numpy() if isinstance(x, torch.Tensor) else np.asarray(x)
 
 
+class _Shuffle2(numcodecs.Shuffle):
+    """numcodecs' byte shuffle of 2-byte elements with a vectorised decode, ~3x faster than
+    its byte loop (identical output; the encode is numcodecs' own)."""
+
+    def __init__(self) -> None:
+        super().__init__(elementsize=2)
+
+    def decode(self, buf: Any, out: Any = None) -> np.ndarray:
+        planes = np.frombuffer(buf, dtype=np.uint8)  # low bytes of all elements, then high
+        n = len(planes) // 2
+        values = np.empty(n, dtype="<u2")
+        np.left_shift(planes[n:], 8, out=values, dtype=values.dtype)
+        np.bitwise_or(values, planes[:n], out=values)
+        return values
+
+
+class _ChunkFiles:
+    """Whole chunk files of one array, encoded and decoded directly with numcodecs.
+
+    Only for the chains this module writes: bytes (little-endian), then optional shuffle and
+    zstd, then crc32c; `for_array` returns None for any other chain, which zarr then handles.
+    The files are byte-identical to zarr's (tests check both ways). Why: on ~2 MiB chunks
+    zarr's generic pipeline (async dispatch per codec, a metadata rewrite per resize) cost
+    ~1.8x the codecs' own time to write a chunk and ~3.5x to read one.
+    """
+
+    def __init__(self, array: zarr.Array, directory: Path, steps: list) -> None:
+        self.array, self.directory, self.steps = array, directory, steps
+        self.chunk_shape = tuple(array.chunks)
+        self.dtype = np.dtype(array.dtype)
+
+    @classmethod
+    def for_array(cls, array: zarr.Array, directory: Path) -> _ChunkFiles | None:
+        codecs = array.metadata.codecs
+        first, last = codecs[0], codecs[-1]
+        if not isinstance(first, BytesCodec) or not isinstance(last, Crc32cCodec):
+            return None
+        if first.endian is not None and first.endian.value != "little":
+            return None
+        if tuple(array.chunks[1:]) != tuple(array.shape[1:]):
+            return None  # chunked along the token axis only
+        steps = []
+        for codec in codecs[1:-1]:
+            if isinstance(codec, Shuffle):
+                size = codec.codec_config["elementsize"]
+                steps.append(_Shuffle2() if size == 2 else numcodecs.Shuffle(elementsize=size))
+            elif isinstance(codec, ZstdCodec):
+                steps.append(numcodecs.Zstd(level=codec.level, checksum=codec.checksum))
+            else:
+                return None
+        return cls(array, directory, steps)
+
+    def path(self, index: int) -> Path:
+        key = self.array.metadata.encode_chunk_key((index,) + (0,) * (len(self.chunk_shape) - 1))
+        return self.directory / key
+
+    def write(self, index: int, rows: np.ndarray) -> None:
+        """Write chunk `index` from `rows` (at most a chunk's worth; zero-padded like zarr)."""
+        if len(rows) < self.chunk_shape[0]:
+            padded = np.zeros(self.chunk_shape, dtype=self.dtype)
+            padded[: len(rows)] = rows
+            rows = padded
+        data: Any = np.ascontiguousarray(rows, dtype=self.dtype.newbyteorder("<"))
+        for step in self.steps:
+            data = step.encode(data)
+        data = np.frombuffer(data, dtype=np.uint8)
+        path = self.path(index)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with path.open("wb") as out:
+            out.write(data)
+            out.write(google_crc32c.value(data).to_bytes(4, "little"))
+
+    def prefetch(self, index: int) -> None:
+        """Start reading chunk `index` into the page cache without waiting for it, so that a
+        reader going through the chunks in order overlaps disk reads with decoding."""
+        if index >= self.array.nchunks or not hasattr(os, "posix_fadvise"):
+            return
+        try:
+            fd = os.open(self.path(index), os.O_RDONLY)
+        except FileNotFoundError:
+            return
+        try:
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_WILLNEED)
+        finally:
+            os.close(fd)
+
+    def read(self, index: int) -> np.ndarray:
+        """Chunk `index`, whole (rows past the array's end included); a bad checksum raises."""
+        path = self.path(index)
+        try:
+            raw = path.read_bytes()
+        except FileNotFoundError:
+            raise FileNotFoundError(f"{path}: chunk file missing; run verify") from None
+        data: Any = np.frombuffer(raw, dtype=np.uint8)[:-4]
+        if google_crc32c.value(data) != int.from_bytes(raw[-4:], "little"):
+            raise ValueError(f"{path}: crc32c checksum mismatch, the chunk is corrupt; run verify")
+        for step in reversed(self.steps):
+            data = step.decode(data)
+        return np.frombuffer(data, dtype=self.dtype.newbyteorder("<")).reshape(self.chunk_shape)
+
+
 def _rows_per_chunk(row_bytes: int, chunk_bytes: int) -> int:
     return max(1, chunk_bytes // row_bytes)
 
@@ -119,8 +223,9 @@ class _Column:
     appended, not on how they were split into samples.
     """
 
-    def __init__(self, array: zarr.Array) -> None:
+    def __init__(self, array: zarr.Array, directory: Path) -> None:
         self.array = array
+        self.files = _ChunkFiles.for_array(array, directory)
         self.rows = array.chunks[0]
         self.buffer = np.empty((self.rows, *array.shape[1:]), dtype=array.dtype)
         self.fill = 0  # rows waiting in the buffer
@@ -147,11 +252,18 @@ class _Column:
         if self.fill:
             self._write(self.buffer[: self.fill])
             self.fill = 0
+        if self.files is not None:  # chunk files written directly: set the shape once
+            self.array.resize((self.written, *self.array.shape[1:]))
 
     def _write(self, block: np.ndarray) -> None:
         end = self.written + len(block)
-        self.array.resize((end, *self.array.shape[1:]))
-        self.array[self.written : end] = block
+        if self.files is None:
+            self.array.resize((end, *self.array.shape[1:]))
+            self.array[self.written : end] = block
+        else:
+            first = self.written // self.rows  # whole chunks were written before this block
+            for k in range(0, len(block), self.rows):
+                self.files.write(first + k // self.rows, block[k : k + self.rows])
         self.written = end
 
 
@@ -213,7 +325,7 @@ class ShardWriter:
             a, h = len(self.aux_layer_ids), self.hidden_size
             shapes = {"aux": (a, h), "last": (h,), "input_ids": (), "loss_mask": ()}
             for name, inner in shapes.items():
-                self._columns[name] = _Column(self._create(name, (0, *inner)))
+                self._columns[name] = _Column(self._create(name, (0, *inner)), tmp / name)
         except BaseException as error:
             self._atomic.__exit__(type(error), error, error.__traceback__)
             raise
@@ -339,28 +451,37 @@ class _RowReader:
     Consecutive ranges (sample after sample) decode every chunk once even with a tiny cache.
     """
 
-    def __init__(self, array: zarr.Array, cache: ChunkCache, key: tuple) -> None:
-        self.array, self.cache, self.key = array, cache, key
+    def __init__(self, array: zarr.Array, directory: Path, cache: ChunkCache) -> None:
+        self.array, self.cache, self.key = array, cache, (str(directory),)
+        self.files = _ChunkFiles.for_array(array, directory)
         self.rows = array.chunks[0]
         self.total = array.shape[0]
 
-    def _chunk(self, index: int) -> np.ndarray:
+    def _decode(self, index: int) -> np.ndarray:
         start = index * self.rows
         stop = min(self.total, start + self.rows)
-        return self.cache.get((*self.key, index), lambda: self.array[start:stop])
+        if self.files is None:
+            return self.array[start:stop]
+        self.files.prefetch(index + 1)
+        return self.files.read(index)[: stop - start]
 
-    def read(self, start: int, stop: int) -> np.ndarray:
+    def _chunk(self, index: int) -> np.ndarray:
+        return self.cache.get((*self.key, index), lambda: self._decode(index))
+
+    def read(self, start: int, stop: int, copy: bool = True) -> np.ndarray:
+        """Rows `start`..`stop`; without `copy`, a read-only view into the cache where they lie
+        in one chunk (for callers that copy them anyway)."""
         parts = []
         for index in range(start // self.rows, -(-stop // self.rows)):
             base = index * self.rows
             block = self._chunk(index)
-            # A copy, so that a caller editing a sample in place cannot alter the cache.
-            parts.append(
-                block[max(start, base) - base : min(stop, base + len(block)) - base].copy()
-            )
+            block.flags.writeable = False  # the cache's own: callers get views or copies
+            parts.append(block[max(start, base) - base : min(stop, base + len(block)) - base])
         if not parts:
             return np.empty((0, *self.array.shape[1:]), dtype=self.array.dtype)
-        return parts[0] if len(parts) == 1 else np.concatenate(parts)
+        if len(parts) > 1:
+            return np.concatenate(parts)
+        return parts[0].copy() if copy else parts[0]
 
 
 class Shard:
@@ -380,8 +501,8 @@ class Shard:
         self._readers = {
             name: _RowReader(
                 self.arrays[name],
+                self.path / name,
                 cache or ChunkCache(2 * _chunk_nbytes(self.arrays[name])),
-                (str(self.path), name),
             )
             for name in TOKEN_ARRAYS
         }
@@ -400,10 +521,7 @@ class Shard:
     def sample(self, i: int) -> dict[str, Any]:
         """Sample `i`: sample_id, input_ids (int64), loss_mask (bool), aux [T, A, H] and last
         [T, H] as bf16 tensors. Reading consecutive samples decodes each chunk once."""
-        if not 0 <= i < self.num_samples:
-            raise IndexError(f"sample {i} out of range for {self.num_samples} samples")
-        start, stop = int(self.offsets[i]), int(self.offsets[i + 1])
-        rows = {name: reader.read(start, stop) for name, reader in self._readers.items()}
+        rows = self.sample_rows(i, copy=True)
         return {
             "sample_id": self.sample_ids[i],
             "input_ids": torch.from_numpy(rows["input_ids"].astype(np.int64)),
@@ -411,6 +529,15 @@ class Shard:
             "aux": uint16_to_bf16(rows["aux"]),
             "last": uint16_to_bf16(rows["last"]),
         }
+
+    def sample_rows(self, i: int, copy: bool = False) -> dict[str, np.ndarray]:
+        """Sample `i`'s rows of the token arrays as stored (activations as uint16 bit
+        patterns); without `copy`, read-only views into the chunk cache where possible, for a
+        reader that copies them into a batch anyway (the training loader)."""
+        if not 0 <= i < self.num_samples:
+            raise IndexError(f"sample {i} out of range for {self.num_samples} samples")
+        start, stop = int(self.offsets[i]), int(self.offsets[i + 1])
+        return {name: reader.read(start, stop, copy) for name, reader in self._readers.items()}
 
     def iter_samples(self, start: int = 0, stop: int | None = None) -> Iterator[dict[str, Any]]:
         """Samples `start`..`stop` (exclusive) in order, each chunk decoded once."""

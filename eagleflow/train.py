@@ -30,7 +30,7 @@ from tqdm import tqdm
 from eagleflow.drafter import DrafterConfig, Eagle3Drafter, TargetHead, load_target_head
 from eagleflow.export import export_speculators, export_vllm
 from eagleflow.files import atomic_output
-from eagleflow.loader import TrainBatches, list_samples, make_loader, pack_batches
+from eagleflow.loader import TrainBatches, list_samples, make_loader, pack_batches, window_tokens
 from eagleflow.logs import InputError
 from eagleflow.shards import open_shard
 from eagleflow.vocab import draft_to_target_ids, load_vocab_map
@@ -320,6 +320,7 @@ def train_drafter(s: TrainSettings) -> dict[str, float]:
         num_steps=s.steps,
         rank=rank,
         world=world,
+        window=window_tokens(s.shards),
     )
     loader = make_loader(s.shards, refs, batches, num_workers=s.num_workers)
     # Logged next to the checkpoints (which survive a crash, unlike an unfinished output) and
@@ -336,7 +337,7 @@ def train_drafter(s: TrainSettings) -> dict[str, float]:
         dynamic_ncols=True,
         mininterval=1.0,
     )
-    step, window_tokens, window_start = start, 0, time.perf_counter()
+    step, rate_tokens, rate_start = start, 0, time.perf_counter()
     for batch in loader:
         batch = _on(batch, device)
         for group in optimizer.param_groups:
@@ -359,27 +360,27 @@ def train_drafter(s: TrainSettings) -> dict[str, float]:
         torch.nn.utils.clip_grad_norm_(model.parameters(), s.grad_clip)
         optimizer.step()
         step += 1
-        window_tokens += int(totals[-1])
+        rate_tokens += int(totals[-1])
         global_loss = _all_sum([loss.detach() / world])[0]
         progress.update(1)
         if metrics_log and (step % s.log_every == 0 or step == s.steps):
-            elapsed = time.perf_counter() - window_start
+            elapsed = time.perf_counter() - rate_start
             acc = totals[s.ttt_steps : 2 * s.ttt_steps] / global_count
             row = {
                 "step": step,
                 "split": "train",
                 "lr": lr_at(step - 1, s),
                 "loss": float(global_loss),
-                "tokens_per_s": window_tokens / elapsed,
+                "tokens_per_s": rate_tokens / elapsed,
             }
             row.update({f"acc_{k}": float(acc[k]) for k in range(s.ttt_steps)})
             metrics_log.write(row)
             progress.set_postfix(
                 loss=f"{float(global_loss):.3f}",
                 acc0=f"{float(acc[0]):.3f}",
-                tok_s=f"{window_tokens / elapsed:.0f}",
+                tok_s=f"{rate_tokens / elapsed:.0f}",
             )
-            window_tokens, window_start = 0, time.perf_counter()
+            rate_tokens, rate_start = 0, time.perf_counter()
         if step % s.checkpoint_every == 0 and step < s.steps and rank == 0:
             save_checkpoint(checkpoint_dir, step, model, optimizer, fingerprint)
         if s.eval_every and step % s.eval_every == 0 and step < s.steps:

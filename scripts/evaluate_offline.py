@@ -1,10 +1,10 @@
 """Snakemake entry: offline chain acceptance on the held-out split (see eagleflow.evaluate)."""
 
 from eagleflow.evaluate import write_offline
-from eagleflow.logs import exit_on_input_error, setup_job_logging
+from eagleflow.logs import log_job_errors, setup_job_logging
 
 log = setup_job_logging(snakemake.log[0])
-with exit_on_input_error(log):
+with log_job_errors(log):
     report = write_offline(
         snakemake.output[0],
         export_dir=snakemake.input.drafter,

@@ -3,12 +3,12 @@
 import json
 
 from eagleflow.evaluate import serving_check
-from eagleflow.logs import exit_on_input_error, setup_job_logging
+from eagleflow.logs import log_job_errors, setup_job_logging
 
 if __name__ == "__main__":  # vLLM spawns worker processes that re-import this module
     log = setup_job_logging(snakemake.log[0])
     params = snakemake.params
-    with exit_on_input_error(log):
+    with log_job_errors(log):
         report = serving_check(
             snakemake.output[0],
             offline=json.loads(open(snakemake.input.offline).read()),

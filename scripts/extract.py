@@ -1,13 +1,13 @@
 """Snakemake entry: extract one shard's hidden states (see eagleflow.extract)."""
 
 from eagleflow.extract import extract_shard
-from eagleflow.logs import exit_on_input_error, setup_job_logging
+from eagleflow.logs import log_job_errors, setup_job_logging
 from eagleflow.status import disk_preflight
 
 if __name__ == "__main__":  # vLLM spawns worker processes that re-import this module
     log = setup_job_logging(snakemake.log[0])
     params, extract = snakemake.params, snakemake.config["extract"]
-    with exit_on_input_error(log):
+    with log_job_errors(log):
         disk_preflight(snakemake.config, "results", log)
         summary = extract_shard(
             snakemake.input.tokens,

@@ -3,7 +3,7 @@ pass also captures the shard's hidden states (see eagleflow.capture)."""
 
 from eagleflow.capture import ShardFormat, generate_and_capture_shard
 from eagleflow.generate import Sampling, generate_shard
-from eagleflow.logs import exit_on_input_error, setup_job_logging
+from eagleflow.logs import log_job_errors, setup_job_logging
 from eagleflow.status import disk_preflight
 
 if __name__ == "__main__":  # vLLM spawns worker processes that re-import this module
@@ -11,7 +11,7 @@ if __name__ == "__main__":  # vLLM spawns worker processes that re-import this m
     params, output = snakemake.params, snakemake.output
     generation = snakemake.config["generation"]
     sampling = Sampling(params.temperature, params.top_p, params.max_new_tokens, params.seed)
-    with exit_on_input_error(log):
+    with log_job_errors(log):
         if "hidden" in output.keys():
             disk_preflight(snakemake.config, "results", log)
             summary = generate_and_capture_shard(

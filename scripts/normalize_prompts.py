@@ -1,11 +1,11 @@
 """Snakemake entry: normalize prompt files (see eagleflow.prompts)."""
 
 from eagleflow.files import write_json, write_jsonl
-from eagleflow.logs import exit_on_input_error, setup_job_logging
+from eagleflow.logs import log_job_errors, setup_job_logging
 from eagleflow.prompts import normalize_prompts
 
 log = setup_job_logging(snakemake.log[0])
-with exit_on_input_error(log):
+with log_job_errors(log):
     records, stats = normalize_prompts(
         list(snakemake.input), on_error=snakemake.params.on_error, limit=snakemake.params.limit
     )

@@ -1,10 +1,10 @@
 """Snakemake entry: split the normalized prompts into token-sized shards (see eagleflow.plan)."""
 
-from eagleflow.logs import exit_on_input_error, setup_job_logging
+from eagleflow.logs import log_job_errors, setup_job_logging
 from eagleflow.plan import plan_from_prompts
 
 log = setup_job_logging(snakemake.log[0])
-with exit_on_input_error(log):
+with log_job_errors(log):
     summary = plan_from_prompts(
         snakemake.input.prompts,
         snakemake.input.model,

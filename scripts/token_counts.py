@@ -1,10 +1,10 @@
 """Snakemake entry: loss-masked token counts of one shard (see eagleflow.vocab)."""
 
-from eagleflow.logs import exit_on_input_error, setup_job_logging
+from eagleflow.logs import log_job_errors, setup_job_logging
 from eagleflow.vocab import count_tokens, target_vocab_rows, write_counts
 
 log = setup_job_logging(snakemake.log[0])
-with exit_on_input_error(log):
+with log_job_errors(log):
     counts = count_tokens(
         snakemake.input.tokens,
         target_vocab_rows(snakemake.input.model),

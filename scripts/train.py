@@ -1,6 +1,6 @@
 """Snakemake entry: train and export the drafter (see eagleflow.train)."""
 
-from eagleflow.logs import exit_on_input_error, setup_job_logging
+from eagleflow.logs import log_job_errors, setup_job_logging
 from eagleflow.train import TrainSettings, run_training
 
 if __name__ == "__main__":  # loader workers and torchrun re-import modules
@@ -17,5 +17,5 @@ if __name__ == "__main__":  # loader workers and torchrun re-import modules
         threads=snakemake.threads,
         num_workers=snakemake.config["train"]["num_workers"],
     )
-    with exit_on_input_error(log):
+    with log_job_errors(log):
         run_training(settings, nproc=snakemake.config["train"]["nproc"], log_path=snakemake.log[0])

@@ -1,10 +1,10 @@
 """Snakemake entry: the draft vocab map and its coverage report (see eagleflow.vocab)."""
 
-from eagleflow.logs import exit_on_input_error, setup_job_logging
+from eagleflow.logs import log_job_errors, setup_job_logging
 from eagleflow.vocab import build_vocab
 
 log = setup_job_logging(snakemake.log[0])
-with exit_on_input_error(log):
+with log_job_errors(log):
     report = build_vocab(
         snakemake.input.counts,
         snakemake.input.model,

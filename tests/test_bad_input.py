@@ -11,7 +11,7 @@ count of the cases added here):
    and, with on_error: skip, tests/test_workflow.py::test_skipped_prompt_lines_are_counted.
 4. unknown role: covered in tests/test_prompts.py::test_bad_line_fails_naming_file_and_line and
    tests/test_workflow.py::test_bad_prompt_line_fails_naming_file_and_line (the job's exit, log
-   and outputs; cases 1-3 fail the job through the same `exit_on_input_error` path).
+   and outputs; cases 1-3 fail the job through the same `log_job_errors` path).
 5. duplicate ids: an `id` claimed by two conversations fails the job, a repeated conversation
    is dropped and counted whatever its `id`: here. The function: covered in
    tests/test_prompts.py::test_conflicting_user_ids_are_an_error and
