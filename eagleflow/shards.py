@@ -112,11 +112,19 @@ def _as_numpy(x: Any) -> np.ndarray:
 
 
 class _Shuffle2(numcodecs.Shuffle):
-    """numcodecs' byte shuffle of 2-byte elements with a vectorised decode, ~3x faster than
-    its byte loop (identical output; the encode is numcodecs' own)."""
+    """numcodecs' byte shuffle of 2-byte elements, vectorised: 3-5x faster than its byte loop,
+    with identical bytes (tests compare the chunk files with zarr's)."""
 
     def __init__(self) -> None:
         super().__init__(elementsize=2)
+
+    def encode(self, buf: Any) -> np.ndarray:
+        values = np.frombuffer(buf, dtype="<u2")
+        n = len(values)
+        planes = np.empty(2 * n, dtype=np.uint8)  # low bytes of all elements, then high
+        np.bitwise_and(values, 0xFF, out=planes[:n], casting="unsafe")
+        np.right_shift(values, 8, out=planes[n:], casting="unsafe")
+        return planes
 
     def decode(self, buf: Any, out: Any = None) -> np.ndarray:
         planes = np.frombuffer(buf, dtype=np.uint8)  # low bytes of all elements, then high
