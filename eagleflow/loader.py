@@ -23,10 +23,12 @@ from torch.utils.data import DataLoader, Dataset, Sampler, get_worker_info
 
 from eagleflow.shards import ChunkCache, open_shard
 from eagleflow.split import is_heldout
+from eagleflow.status import raw_bytes_per_token
 
-# Consecutive samples of one shard kept together: about this many bytes of activations, i.e.
+# Consecutive samples of one shard kept together: about this many bytes of tokens, i.e.
 # several chunks, so that few chunks are shared by two windows and decoded twice per epoch.
 WINDOW_BYTES = 16 * 2**20
+DEFAULT_WINDOW_TOKENS = 3000  # where no shard says how many bytes a token takes (tests)
 GROUP_WINDOWS = 8  # windows whose samples are mixed and length-sorted into batches
 CACHE_BYTES = 256 * 2**20  # decoded chunks kept per loader worker: a group's chunks fit
 
@@ -51,9 +53,9 @@ def list_samples(shard_paths: Sequence[str | Path], heldout_fraction: float, spl
 
 
 def window_tokens(shard_paths: Sequence[str | Path]) -> int:
-    """Tokens per shuffling window: WINDOW_BYTES of the shards' activations."""
+    """Tokens per shuffling window: WINDOW_BYTES of the shards' tokens."""
     attrs = open_shard(shard_paths[0]).attrs
-    token_bytes = 2 * attrs["hidden_size"] * (len(attrs["aux_layer_ids"]) + 1)
+    token_bytes = raw_bytes_per_token(len(attrs["aux_layer_ids"]), attrs["hidden_size"])
     return max(1, WINDOW_BYTES // token_bytes)
 
 
@@ -95,7 +97,7 @@ def epoch_batches(
     seed: int,
     epoch: int,
     batch_tokens: int,
-    window: int = 3000,
+    window: int = DEFAULT_WINDOW_TOKENS,
 ) -> list[list[int]]:
     """One epoch's global batches, the same for every process count.
 
@@ -130,7 +132,7 @@ class TrainBatches(Sampler[list[int]]):
         num_steps: int,
         rank: int = 0,
         world: int = 1,
-        window: int = 3000,
+        window: int = DEFAULT_WINDOW_TOKENS,
     ) -> None:
         self.refs, self.batch_tokens, self.seed, self.window = refs, batch_tokens, seed, window
         self.start_step, self.num_steps, self.rank, self.world = start_step, num_steps, rank, world
