@@ -6,6 +6,8 @@ request under `shared_storage_path`; a `.lock` file next to it is held until the
 so a reader can wait for it (`load_hidden_states`). Its copy path needs CUDA (pinned memory, a
 copy stream, events), so on CPU it fails in `_submit_async_write`. This subclass copies and
 writes directly when the cache is on the CPU and keeps the stock asynchronous path on CUDA.
+States are always handed over as bf16: an engine computing in float32 (a CPU without native
+bf16, see `eagleflow.precision`) has them rounded here.
 
 Load it with `kv_transfer_config={"kv_connector": "EagleflowHiddenStatesConnector",
 "kv_connector_module_path": "eagleflow.connector", "kv_role": "kv_producer",
@@ -24,6 +26,8 @@ from vllm.distributed.kv_transfer.kv_connector.v1.example_hidden_states_connecto
     ExampleHiddenStatesConnector,
     PendingSave,
 )
+
+from eagleflow.shards import float32_to_bf16_bits
 
 # Integer dtypes of the same width as the cache's float dtype, to view it in numpy bit-exactly.
 _BITS = {2: torch.int16, 4: torch.int32}
@@ -66,8 +70,10 @@ class EagleflowHiddenStatesConnector(ExampleHiddenStatesConnector):
         # [blocks, layers, block_size, hidden] → [tokens, layers, hidden], copied out of the
         # cache, whose blocks are reused once the request is reported.
         hidden = np.ascontiguousarray(cache[slots // block_size, :, slots % block_size])
+        if self._kv_cache.dtype == torch.float32:  # a CPU engine without native bf16
+            hidden = float32_to_bf16_bits(hidden.view(np.float32)).view(np.int16)
         tensors = {
-            "hidden_states": torch.from_numpy(hidden).view(self._kv_cache.dtype),
+            "hidden_states": torch.from_numpy(hidden).view(torch.bfloat16),
             "token_ids": pending.token_ids,
         }
         if in_memory:

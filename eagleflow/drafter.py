@@ -26,6 +26,7 @@ from safetensors import safe_open
 from torch import nn
 
 from eagleflow.logs import InputError
+from eagleflow.precision import native_bf16
 
 
 @dataclass(frozen=True)
@@ -230,8 +231,13 @@ class TargetHead(nn.Module):
         self, last: torch.Tensor, draft_ids: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Log-probs over the draft vocab [B, T, Dv] and whether the target's argmax lies in it."""
-        normed = self.norm(last.float()).to(self.lm_head.dtype)
-        full = normed @ self.lm_head.T  # [B, T, V]
+        dtype = self.lm_head.dtype
+        normed = self.norm(last.float()).to(dtype)
+        if dtype == torch.bfloat16 and not native_bf16(normed.device):
+            # The same bf16 operands, multiplied in float32 (emulated bf16 is ~10x slower).
+            full = (normed.float() @ self.lm_head.float().T).to(dtype)  # [B, T, V]
+        else:
+            full = normed @ self.lm_head.T  # [B, T, V]
         in_draft = torch.zeros(full.shape[-1], dtype=torch.bool, device=full.device)
         in_draft[draft_ids] = True
         argmax_in_draft = in_draft[full.argmax(-1)]

@@ -7,9 +7,13 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     import vllm
 
-# On CPU, gpu_memory_utilization is the fraction of RAM reserved for the KV cache.
-CPU_MEMORY_FRACTION = 0.1
+# On GPU, the share of its memory vLLM may take. On CPU, the KV cache size itself: vLLM's CPU
+# `gpu_memory_utilization` is a share of one NUMA node's memory that must also hold the engine
+# process's own RSS, so on a machine whose node 0 holds 7.6 of its 24 GiB no share worked for
+# both an in-process engine (RSS ~0.8 GiB) and a parallel job. VLLM_CPU_KVCACHE_SPACE (GiB), if
+# set, still overrides it.
 GPU_MEMORY_FRACTION = 0.9
+CPU_KV_CACHE_BYTES = 2**30
 IN_PROCESS_VARIABLE = "VLLM_ENABLE_V1_MULTIPROCESSING"
 BLAS_THREAD_VARIABLES = (
     "OMP_NUM_THREADS",
@@ -21,11 +25,13 @@ BLAS_THREAD_VARIABLES = (
 )
 
 
-def memory_fraction() -> float:
-    """vLLM's `gpu_memory_utilization` for this platform (on CPU: the share of RAM for KV)."""
+def memory_settings() -> dict[str, Any]:
+    """vLLM's memory settings for this platform: a fixed KV cache on CPU, a share of the GPU."""
     from vllm.platforms import current_platform
 
-    return CPU_MEMORY_FRACTION if current_platform.is_cpu() else GPU_MEMORY_FRACTION
+    if current_platform.is_cpu():
+        return {"kv_cache_memory_bytes": CPU_KV_CACHE_BYTES}
+    return {"gpu_memory_utilization": GPU_MEMORY_FRACTION}
 
 
 def default_enforce_eager() -> bool:
@@ -61,6 +67,8 @@ def build_llm(
     import vllm
     from vllm.platforms import current_platform
 
+    from eagleflow.precision import engine_dtype
+
     if current_platform.is_cpu():
         # vLLM pins its CPU worker's OpenMP threads to the cores it reserves. Thread counts that
         # Snakemake exports for a job (`threads:`) would oversubscribe those cores: generation
@@ -71,8 +79,9 @@ def build_llm(
         "model": str(model_dir),
         "seed": seed,
         "max_model_len": max_model_len,
-        "gpu_memory_utilization": memory_fraction(),
+        **memory_settings(),
         "enforce_eager": default_enforce_eager(),
+        "dtype": engine_dtype(),
     }
     settings.update(engine_kwargs)
     previous = os.environ.get(IN_PROCESS_VARIABLE)

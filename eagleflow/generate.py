@@ -104,7 +104,9 @@ def generate_hf(
     import torch
     from transformers import AutoModelForCausalLM, GenerationConfig
 
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.bfloat16).eval()
+    from eagleflow.precision import compute_dtype
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=compute_dtype("cpu")).eval()
     eos = GenerationConfig.from_pretrained(model_dir).eos_token_id
     eos_ids = set(eos if isinstance(eos, list) else [eos])
     pad = model.config.pad_token_id if model.config.pad_token_id is not None else min(eos_ids)

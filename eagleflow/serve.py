@@ -36,7 +36,8 @@ def serve_command(
     """
     from vllm.platforms import current_platform
 
-    from eagleflow.engine import memory_fraction
+    from eagleflow.engine import memory_settings
+    from eagleflow.precision import engine_dtype
 
     if extract_layer_ids is not None:
         if storage_dir is None:
@@ -50,8 +51,9 @@ def serve_command(
         "--host", host,
         "--port", str(port),
         "--max-model-len", str(max_model_len),
-        "--gpu-memory-utilization", str(memory_fraction()),
+        *(f"--{key.replace('_', '-')}={value}" for key, value in memory_settings().items()),
         "--seed", "0",
+        "--dtype", engine_dtype(),
         *eager,
         *(extra or []),
     ]  # fmt: skip
@@ -64,7 +66,6 @@ def extraction_server_args(layer_ids: list[int], storage_dir: str | Path) -> lis
 
     settings = extraction_engine_settings(layer_ids, str(storage_dir))
     return [
-        "--dtype", settings["dtype"],
         "--speculative-config", json.dumps(settings["speculative_config"]),
         "--kv-transfer-config", json.dumps(settings["kv_transfer_config"]),
         "--no-enable-chunked-prefill",

@@ -22,8 +22,9 @@ import hashlib
 import itertools
 import os
 import warnings
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -90,6 +91,18 @@ def bf16_to_uint16(t: torch.Tensor) -> np.ndarray:
     if t.dtype != torch.bfloat16:
         raise TypeError(f"expected a bfloat16 tensor, got {t.dtype}")
     return t.detach().cpu().contiguous().view(torch.uint16).numpy()
+
+
+def float32_to_bf16_bits(values: np.ndarray) -> np.ndarray:
+    """The bf16 bit patterns (uint16) of float32 `values`, rounded to nearest even as torch's
+    `.to(torch.bfloat16)` rounds, NaNs kept NaN; in numpy, so that a caller sharing the cores
+    with an engine's OpenMP threads does not start torch's own."""
+    bits = np.ascontiguousarray(values, dtype=np.float32).view(np.uint32)
+    rounded = ((bits + (0x7FFF + ((bits >> 16) & 1))) >> 16).astype(np.uint16)
+    nan = (bits & 0x7FFFFFFF) > 0x7F800000
+    if nan.any():  # the rounding above could carry a NaN's payload into the sign or to inf
+        rounded[nan] = ((bits[nan] >> 16) | 0x0040).astype(np.uint16)
+    return rounded
 
 
 def uint16_to_bf16(a: np.ndarray) -> torch.Tensor:
@@ -228,11 +241,15 @@ class _Column:
     """One token-axis array being written: buffers at most one chunk of rows, writes full chunks.
 
     Chunks are written whole and aligned, so the bytes of every chunk depend only on the rows
-    appended, not on how they were split into samples.
+    appended, not on how they were split into samples. Chunk files are written through
+    `submit`, which may run them later on another thread: what is handed to it is never
+    touched again here (a full buffer is replaced, rows from the caller are copied).
     """
 
-    def __init__(self, array: zarr.Array, directory: Path) -> None:
-        self.array = array
+    def __init__(
+        self, array: zarr.Array, directory: Path, submit: Callable[..., None], pooled: bool
+    ) -> None:
+        self.array, self.submit, self.pooled = array, submit, pooled
         self.files = _ChunkFiles.for_array(array, directory)
         self.rows = array.chunks[0]
         self.buffer = np.empty((self.rows, *array.shape[1:]), dtype=array.dtype)
@@ -247,31 +264,36 @@ class _Column:
             self.fill += pos
             if self.fill == self.rows:
                 self._write(self.buffer)
-                self.fill = 0
+                self.buffer, self.fill = np.empty_like(self.buffer), 0
         whole = (len(data) - pos) // self.rows * self.rows
-        if whole:  # whole chunks go straight to the array, in one call (encoded concurrently)
-            self._write(data[pos : pos + whole])
+        if whole:  # whole chunks go straight to the array
+            block = data[pos : pos + whole]
+            self._write(block.copy() if self.pooled else block)
             pos += whole
         rest = len(data) - pos
         self.buffer[self.fill : self.fill + rest] = data[pos:]
         self.fill += rest
 
     def close(self) -> None:
+        """Write the last, partial chunk; the caller waits for the writes, then calls
+        `set_shape`."""
         if self.fill:
             self._write(self.buffer[: self.fill])
             self.fill = 0
+
+    def set_shape(self) -> None:
         if self.files is not None:  # chunk files written directly: set the shape once
             self.array.resize((self.written, *self.array.shape[1:]))
 
     def _write(self, block: np.ndarray) -> None:
         end = self.written + len(block)
-        if self.files is None:
+        if self.files is None:  # through zarr, on this thread (codecs we do not encode)
             self.array.resize((end, *self.array.shape[1:]))
             self.array[self.written : end] = block
         else:
             first = self.written // self.rows  # whole chunks were written before this block
             for k in range(0, len(block), self.rows):
-                self.files.write(first + k // self.rows, block[k : k + self.rows])
+                self.submit(self.files.write, first + k // self.rows, block[k : k + self.rows])
         self.written = end
 
 
@@ -282,7 +304,12 @@ class ShardWriter:
     a stale one removed first) and renamed onto `path` on a clean exit; on an exception the
     temporary store is removed and nothing appears under `path`. Memory stays bounded: each
     array buffers at most one chunk of rows. The same samples appended in the same order give
-    byte-identical files.
+    byte-identical files, whatever `encode_threads`.
+
+    `encode_threads` > 0 encodes and writes chunk files on that many threads (zstd and numpy
+    release the GIL), at most two chunks per thread queued: on a GPU machine they overlap the
+    engine's next step; on the CPU, where the engine's own threads hold the cores, call
+    `drain` before each step, so the chunks of one step are encoded in parallel between steps.
     """
 
     def __init__(
@@ -295,6 +322,7 @@ class ShardWriter:
         attrs: dict[str, Any],
         codec: str = DEFAULT_CODEC,
         chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+        encode_threads: int = 0,
     ) -> None:
         if codec not in CODECS:
             raise ValueError(f"unknown codec {codec!r}; choose one of {sorted(CODECS)}")
@@ -316,6 +344,9 @@ class ShardWriter:
         self._atomic: contextlib.AbstractContextManager[Path] | None = None
         self._group: zarr.Group | None = None
         self._columns: dict[str, _Column] = {}
+        self.encode_threads = int(encode_threads)
+        self._pool: ThreadPoolExecutor | None = None
+        self._pending: deque[Future] = deque()
 
     @property
     def num_samples(self) -> int:
@@ -330,10 +361,13 @@ class ShardWriter:
         tmp = self._atomic.__enter__()
         try:
             self._group = zarr.open_group(tmp, mode="w", zarr_format=3)
+            if self.encode_threads:
+                self._pool = ThreadPoolExecutor(self.encode_threads, "shard-encode")
             a, h = len(self.aux_layer_ids), self.hidden_size
             shapes = {"aux": (a, h), "last": (h,), "input_ids": (), "loss_mask": ()}
             for name, inner in shapes.items():
-                self._columns[name] = _Column(self._create(name, (0, *inner)), tmp / name)
+                array = self._create(name, (0, *inner))
+                self._columns[name] = _Column(array, tmp / name, self._submit, bool(self._pool))
         except BaseException as error:
             self._atomic.__exit__(type(error), error, error.__traceback__)
             raise
@@ -392,20 +426,43 @@ class ShardWriter:
         self._seen.add(str(sample_id))
         self.offsets.append(self.offsets[-1] + t)
 
+    def _submit(self, write: Callable[..., None], *args: Any) -> None:
+        """Run a chunk write now, or queue it on the encode threads."""
+        if self._pool is None:
+            write(*args)
+            return
+        while len(self._pending) >= 2 * self.encode_threads:
+            self._pending.popleft().result()
+        self._pending.append(self._pool.submit(write, *args))
+
+    def drain(self) -> None:
+        """Wait until every chunk queued so far is written; raises the first write's error."""
+        while self._pending:
+            self._pending.popleft().result()
+
     def __exit__(self, exc_type, exc, tb) -> None:
         atomic, self._atomic = self._atomic, None
-        if exc_type is None:
-            try:
+        try:
+            if exc_type is None:
                 self._finish()
-            except BaseException as error:
-                atomic.__exit__(type(error), error, error.__traceback__)
-                raise
-        atomic.__exit__(exc_type, exc, tb)
-        self._group = None
+        except BaseException as error:
+            exc_type, exc, tb = type(error), error, error.__traceback__
+            raise
+        finally:
+            if self._pool is not None:  # no thread may write into the store once it is gone
+                for future in self._pending:
+                    future.cancel()
+                self._pool.shutdown(wait=True)
+                self._pool, self._pending = None, deque()
+            atomic.__exit__(exc_type, exc, tb)
+            self._group = None
 
     def _finish(self) -> None:
         for column in self._columns.values():
             column.close()
+        self.drain()
+        for column in self._columns.values():
+            column.set_shape()
         offsets = self._create("offsets", (len(self.offsets),))
         offsets[:] = np.asarray(self.offsets, dtype=np.int64)
         self._group.update_attributes(

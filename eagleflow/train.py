@@ -32,6 +32,7 @@ from eagleflow.export import export_speculators, export_vllm
 from eagleflow.files import atomic_output
 from eagleflow.loader import TrainBatches, list_samples, make_loader, pack_batches, window_tokens
 from eagleflow.logs import InputError
+from eagleflow.precision import native_bf16
 from eagleflow.shards import open_shard
 from eagleflow.vocab import draft_to_target_ids, load_vocab_map
 
@@ -64,7 +65,8 @@ class TrainSettings:
     log_every: int = 10
     num_workers: int = 1
     num_speculative_tokens: int = 3
-    precision: str = "bf16"  # drafter matmuls under bf16 autocast (fp32 weights), or "fp32"
+    # Drafter matmuls under bf16 autocast (fp32 weights), "fp32", or "auto": bf16 where native.
+    precision: str = "auto"
     threads: int = 0  # torch threads per process; 0 = leave torch's choice
 
     def fingerprint(self) -> str:
@@ -168,7 +170,8 @@ def _batch_terms(
     module = model.module if hasattr(model, "module") else model
     device = batch["aux"].device.type
     # bf16 matmuls (AMX on CPUs that have it, tensor cores on GPUs): ~20% faster steps here.
-    with torch.autocast(device, dtype=torch.bfloat16, enabled=s.precision == "bf16"):
+    bf16 = s.precision == "bf16" or (s.precision == "auto" and native_bf16(batch["aux"].device))
+    with torch.autocast(device, dtype=torch.bfloat16, enabled=bf16):
         outputs = model(batch["aux"].float(), batch["input_ids"], head.embed, s.ttt_steps)
         return ttt_terms(outputs, module.logits, teacher_logp, argmax_in_draft, batch["loss_mask"])
 

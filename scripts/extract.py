@@ -21,5 +21,6 @@ if __name__ == "__main__":  # vLLM spawns worker processes that re-import this m
             batch_tokens=extract["batch_tokens"],
             server_url=params.server_url,
             server_concurrency=extract["server_concurrency"],
+            encode_threads=snakemake.threads,
         )
     log.info("%s", summary)
