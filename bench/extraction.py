@@ -159,9 +159,11 @@ def naive_extract(model_dir: str, tokens: str | Path, out: str | Path, device: s
     from transformers import AutoModelForCausalLM
 
     from eagleflow.layers import default_layer_ids
+    from eagleflow.precision import compute_dtype
 
     samples = read_jsonl(tokens)
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.bfloat16).eval()
+    # The device's fast dtype, as the hf backend uses (bf16 is emulated on AVX2-only CPUs).
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=compute_dtype(device)).eval()
     model.to(device)
     aux_ids, _ = default_layer_ids(model.config.num_hidden_layers)
     out = Path(out)
@@ -171,8 +173,8 @@ def naive_extract(model_dir: str, tokens: str | Path, out: str | Path, device: s
         for sample in samples:
             ids = torch.tensor([sample["input_ids"]], device=device)
             states = model(input_ids=ids, output_hidden_states=True).hidden_states
-            aux = torch.stack([states[k][0] for k in aux_ids], dim=1)
-            torch.save({"aux": aux, "last": states[-1][0]}, out / f"{sample['id']}.pt")
+            aux = torch.stack([states[k][0] for k in aux_ids], dim=1).bfloat16()
+            torch.save({"aux": aux, "last": states[-1][0].bfloat16()}, out / f"{sample['id']}.pt")
     seconds = time.monotonic() - start
     n_tokens = sum(len(s["input_ids"]) for s in samples)
     stored = sum(p.stat().st_size for p in out.iterdir())
