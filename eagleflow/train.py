@@ -132,6 +132,16 @@ def ttt_terms(
     return kl_sums, counts, correct
 
 
+def _padding_batch(cfg: DrafterConfig, length: int, device: torch.device) -> dict:
+    """One sample of `length` padding positions: no loss-masked token, so its terms are zero."""
+    return {
+        "input_ids": torch.zeros(1, length, dtype=torch.long, device=device),
+        "loss_mask": torch.zeros(1, length, dtype=torch.bool, device=device),
+        "aux": torch.zeros(1, length, cfg.num_aux * cfg.target_hidden_size, device=device),
+        "last": torch.zeros(1, length, cfg.target_hidden_size, device=device),
+    }
+
+
 def _all_sum(values: list[torch.Tensor]) -> torch.Tensor:
     """Sums over ranks, as a float64 tensor on the CPU."""
     stacked = torch.stack([v.detach().double().cpu() for v in values])
@@ -345,14 +355,13 @@ def train_drafter(s: TrainSettings) -> dict[str, float]:
         batch = _on(batch, device)
         for group in optimizer.param_groups:
             group["lr"] = lr_at(step, s)
-        if "empty" in batch:  # no sample for this rank in a tiny global batch: zero gradients
-            zero = sum(p.sum() for p in model.parameters()) * 0.0  # DDP needs every parameter
-            kl = [zero] * s.ttt_steps
-            count = correct = [torch.tensor(0)] * s.ttt_steps
-            tokens = 0
-        else:
-            kl, count, correct = _batch_terms(model, head, batch, s, draft_ids)
-            tokens = int(batch["input_ids"].ne(0).sum())
+        if "empty" in batch:  # no sample for this rank in a small global batch
+            # DDP all-reduces the gradients of a backward that follows a forward through the
+            # wrapped model, on every rank: a padding-only sample gives zero terms (a backward
+            # without that forward left the other ranks waiting forever).
+            batch = _padding_batch(cfg, s.ttt_steps + 2, device)
+        kl, count, correct = _batch_terms(model, head, batch, s, draft_ids)
+        tokens = int(batch["input_ids"].ne(0).sum())
         totals = _all_sum([*count, *correct, torch.tensor(tokens)])
         global_count = totals[: s.ttt_steps].clamp(min=1)
         # DDP averages gradients over ranks: scale by world so the sum over ranks is exact.

@@ -4,6 +4,7 @@ and which jobs a changed key schedules."""
 from __future__ import annotations
 
 import csv
+import itertools
 import json
 import os
 import shutil
@@ -22,6 +23,7 @@ from conftest import (
 from safetensors.torch import load_file
 
 from eagleflow.faults import kill_when_running
+from eagleflow.loader import TrainBatches, list_samples, window_tokens
 from eagleflow.train import TrainSettings
 
 
@@ -88,8 +90,19 @@ def test_two_torchrun_processes_follow_the_one_process_loss_curve(
     demo_run: Path, tmp_path: Path
 ) -> None:
     """Same global batches; losses summed per rank over the global count: the curves agree up
-    to float reduction order (in float32; bf16 rounding would hide a small DDP error)."""
+    to float reduction order (in float32; bf16 rounding would hide a small DDP error). The
+    batch budget is chosen so that one global batch holds a single sample: rank 1 then has no
+    sample for that step and must still take part in the gradient all-reduce (this hung once)."""
     shards = sorted(str(p) for p in (demo_run / "results/hidden").glob("shard-*.zarr"))
+    refs = list_samples(shards, TrainSettings.heldout_fraction, "train")
+
+    def single_sample_step(batch_tokens: int) -> bool:
+        batches = TrainBatches(refs, batch_tokens=batch_tokens, seed=TrainSettings.seed,
+                               num_steps=12, window=window_tokens(shards))  # fmt: skip
+        return any(len(b) == 1 for b in itertools.islice(batches.global_batches(), 12))
+
+    batch_tokens = next((b for b in range(2048, 4096, 32) if single_sample_step(b)), None)
+    assert batch_tokens, "no batch budget gives a single-sample global batch on this data"
     curves = {}
     for nproc in (1, 2):
         out = tmp_path / f"n{nproc}"
@@ -101,7 +114,7 @@ def test_two_torchrun_processes_follow_the_one_process_loss_curve(
             out_speculators=str(out / "spec"),
             metrics=str(out / "metrics.tsv"),
             checkpoint_dir=str(out / "checkpoints"),
-            steps=12, batch_tokens=2048, eval_every=0, log_every=1, num_workers=0,
+            steps=12, batch_tokens=batch_tokens, eval_every=0, log_every=1, num_workers=0,
             precision="fp32",
         )  # fmt: skip
         out.mkdir()
