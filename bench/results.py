@@ -87,11 +87,21 @@ def ratio_row(figure: str, value: float, goal: float, key: str, *, at_least: boo
     return Row(figure, f"{value:.2f}", f"{'>=' if at_least else '<='} {goal:g}", met, key)
 
 
+def by_round(f: dict, key: str) -> str:
+    """The per-round values of `key` (a bench run from before rounds had only the one)."""
+    return ", ".join(f"{x:.2f}" for x in f.get(f"{key}_by_round", [f[key]]))
+
+
 def extraction_rows(f: dict) -> list[Row]:
     rss_growth = f["peak_rss_4x"] / f["peak_rss_1x"]
     process_growth = f["max_process_rss_4x"] / f["max_process_rss_1x"]
     flat = f"flat: 4x <= {GOAL_RSS_GROWTH:g} x 1x"
     return [
+        Row(
+            "rounds of (a) and (b) (their figures below: medians)",
+            f"{f.get('rounds', 1)}",
+            key="rounds",
+        ),
         Row("(a) bare vLLM prefill, tok/s", f"{f['prefill_tok_s']:,.0f}", key="prefill_tok_s"),
         Row(
             "(b) vLLM extraction to zarr, tok/s", f"{f['extract_tok_s']:,.0f}", key="extract_tok_s"
@@ -120,6 +130,11 @@ def extraction_rows(f: dict) -> list[Row]:
             GOAL_EXTRACT_OVER_PREFILL,
             "extract_over_prefill_4x",
             at_least=True,
+        ),
+        Row(
+            "b / a by round, 1x; 4x",
+            f"{by_round(f, 'extract_over_prefill')}; {by_round(f, 'extract_over_prefill_4x')}",
+            key="extract_over_prefill_by_round",
         ),
         Row(
             "(b0) as (b) without compression: tok/s, b0 / a",
@@ -194,9 +209,10 @@ def projection_rows(f: dict) -> list[Row]:
 def training_rows(f: dict) -> list[Row]:
     return [
         Row(
-            "loader data: one epoch over copies of the demo shards, batches, workers",
+            "loader data: one epoch over copies of the demo shards, batches, workers; rounds "
+            "(figures below: medians)",
             f"{f['copies']} copies, {f['samples']:,} samples; {f['loader_batches']};"
-            f" {f['workers']}",
+            f" {f['workers']}; {f.get('rounds', 1)}",
             key="copies",
         ),
         Row(
@@ -221,10 +237,16 @@ def training_rows(f: dict) -> list[Row]:
             "loader_ratio_cold",
             at_least=True,
         ),
+        Row(
+            "loader ratio a / b by round, cold; warm",
+            f"{by_round(f, 'loader_ratio_cold')}; {by_round(f, 'loader_ratio')}",
+            key="loader_ratio_cold_by_round",
+        ),
         Row("loader ratio a / b, warm page cache", f"{f['loader_ratio']:.2f}", key="loader_ratio"),
         Row(
-            f"(c) training steps/s, {f['train_steps']} steps with start-up and export",
-            f"{f['train_steps_per_s']:.2f}",
+            f"(c) training steps/s: steady state; {f['train_steps']} steps with start-up and "
+            "export",
+            f"{f.get('train_steady_steps_per_s', float('nan')):.2f}; {f['train_steps_per_s']:.2f}",
             key="train_steps_per_s",
         ),
         Row(

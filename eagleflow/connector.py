@@ -7,7 +7,7 @@ so a reader can wait for it (`load_hidden_states`). Its copy path needs CUDA (pi
 copy stream, events), so on CPU it fails in `_submit_async_write`. This subclass copies and
 writes directly when the cache is on the CPU and keeps the stock asynchronous path on CUDA.
 States are always handed over as bf16: an engine computing in float32 (a CPU without native
-bf16, see `eagleflow.precision`) has them rounded here.
+bf16, see `eagleflow.precision`) has them rounded here, as torch rounds float32 to bf16.
 
 Load it with `kv_transfer_config={"kv_connector": "EagleflowHiddenStatesConnector",
 "kv_connector_module_path": "eagleflow.connector", "kv_role": "kv_producer",
@@ -19,18 +19,12 @@ from __future__ import annotations
 import fcntl
 import os
 
-import numpy as np
 import torch
 from safetensors.torch import save_file
 from vllm.distributed.kv_transfer.kv_connector.v1.example_hidden_states_connector import (
     ExampleHiddenStatesConnector,
     PendingSave,
 )
-
-from eagleflow.shards import float32_to_bf16_bits
-
-# Integer dtypes of the same width as the cache's float dtype, to view it in numpy bit-exactly.
-_BITS = {2: torch.int16, 4: torch.int32}
 
 
 class _Written:
@@ -59,21 +53,17 @@ class EagleflowHiddenStatesConnector(ExampleHiddenStatesConnector):
             super()._submit_async_write(pending)
             return
         in_memory = self._kv_transfer_config.get_from_extra_config("in_memory", False)
-        # The copy and the write run on the engine's thread, between steps, and the gather is
-        # done in numpy: writer threads or an OpenMP-parallel gather would compete with the
-        # model's OpenMP threads for the same cores and stall them at every barrier.
+        # The copy runs on the engine's thread between steps (its torch ops on the engine's own
+        # OpenMP threads); no writer thread competes with the model's threads for the cores.
         num_tokens = len(pending.token_ids)
-        block_size = self._block_size
-        slots = np.add.outer(np.asarray(pending.block_ids) * block_size, np.arange(block_size))
-        slots = slots.reshape(-1)[:num_tokens]
-        cache = self._kv_cache.view(_BITS[self._kv_cache.element_size()]).numpy()
-        # [blocks, layers, block_size, hidden] → [tokens, layers, hidden], copied out of the
-        # cache, whose blocks are reused once the request is reported.
-        hidden = np.ascontiguousarray(cache[slots // block_size, :, slots % block_size])
-        if self._kv_cache.dtype == torch.float32:  # a CPU engine without native bf16
-            hidden = float32_to_bf16_bits(hidden.view(np.float32)).view(np.int16)
+        blocks = torch.tensor(pending.block_ids[: -(-num_tokens // self._block_size)])
+        # [blocks, layers, block_size, hidden], copied out of the cache (whose blocks are reused
+        # once the request is reported) and rounded to bf16 where the engine computes in float32
+        # (round to nearest even), → [tokens, layers, hidden].
+        hidden = self._kv_cache[blocks].to(torch.bfloat16)
+        hidden = hidden.transpose(1, 2).flatten(0, 1)[:num_tokens].contiguous()
         tensors = {
-            "hidden_states": torch.from_numpy(hidden).view(torch.bfloat16),
+            "hidden_states": hidden,
             "token_ids": pending.token_ids,
         }
         if in_memory:

@@ -93,18 +93,6 @@ def bf16_to_uint16(t: torch.Tensor) -> np.ndarray:
     return t.detach().cpu().contiguous().view(torch.uint16).numpy()
 
 
-def float32_to_bf16_bits(values: np.ndarray) -> np.ndarray:
-    """The bf16 bit patterns (uint16) of float32 `values`, rounded to nearest even as torch's
-    `.to(torch.bfloat16)` rounds, NaNs kept NaN; in numpy, so that a caller sharing the cores
-    with an engine's OpenMP threads does not start torch's own."""
-    bits = np.ascontiguousarray(values, dtype=np.float32).view(np.uint32)
-    rounded = ((bits + (0x7FFF + ((bits >> 16) & 1))) >> 16).astype(np.uint16)
-    nan = (bits & 0x7FFFFFFF) > 0x7F800000
-    if nan.any():  # the rounding above could carry a NaN's payload into the sign or to inf
-        rounded[nan] = ((bits[nan] >> 16) | 0x0040).astype(np.uint16)
-    return rounded
-
-
 def uint16_to_bf16(a: np.ndarray) -> torch.Tensor:
     """The bf16 tensor whose bit patterns are the uint16 array `a` (bit-exact)."""
     if a.dtype != np.uint16:
