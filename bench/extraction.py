@@ -81,34 +81,29 @@ def job_generate(args: argparse.Namespace) -> dict:
 
 
 def job_prefill(args: argparse.Namespace) -> dict:
-    """Bare prefill with the extraction engine's settings, no extraction: tok/s by token file
-    (`--tokens`, comma-separated), all through one engine."""
+    """Bare prefill of `--tokens` with the extraction engine's settings, no extraction: tok/s."""
     from vllm import SamplingParams
     from vllm.inputs import TokensPrompt
 
     from eagleflow.engine import build_llm
 
-    runs = {path: read_jsonl(path) for path in args.tokens.split(",")}
-    longest = max(len(s["input_ids"]) for samples in runs.values() for s in samples)
+    samples = read_jsonl(args.tokens)
     # As the extraction engine runs (in-process core, compiled), only without the capture.
     llm = build_llm(
         args.model,
-        max_model_len=longest + 1,
+        max_model_len=max(len(s["input_ids"]) for s in samples) + 1,
         in_process_core=True,
         enforce_eager=False,
         enable_chunked_prefill=False,
         enable_prefix_caching=False,
     )
     params = SamplingParams(max_tokens=1, detokenize=False)
-    figures = {}
-    for path, samples in runs.items():
-        prompts = [TokensPrompt(prompt_token_ids=s["input_ids"]) for s in samples]
-        start = time.monotonic()
-        llm.generate(prompts, params, use_tqdm=False)
-        seconds = time.monotonic() - start
-        tokens = sum(len(s["input_ids"]) for s in samples)
-        figures[path] = {"tokens": tokens, "seconds": seconds, "tokens_per_s": tokens / seconds}
-    return figures
+    prompts = [TokensPrompt(prompt_token_ids=s["input_ids"]) for s in samples]
+    start = time.monotonic()
+    llm.generate(prompts, params, use_tqdm=False)
+    seconds = time.monotonic() - start
+    tokens = sum(len(s["input_ids"]) for s in samples)
+    return {"tokens": tokens, "seconds": seconds, "tokens_per_s": tokens / seconds}
 
 
 def job_extract(args: argparse.Namespace) -> dict:
@@ -301,20 +296,17 @@ def main() -> None:
                 "extract", args, work, tokens=tokens_4x, out=work / f"shard-4x-{r}.zarr"
             ),
         }
-        got = {name: jobs[name]() for name in (reversed(jobs) if r % 2 else jobs)}
-        got["prefill_1x"] = got["prefill_1x"][str(tokens_1x)]
-        got["prefill_4x"] = got["prefill_4x"][str(tokens_4x)]
-        rounds.append(got)
+        rounds.append({name: jobs[name]() for name in (reversed(jobs) if r % 2 else jobs)})
     prefill_1x, prefill_4x, extract_1x, extract_4x = (
         over_rounds([r[name] for r in rounds])
         for name in ("prefill_1x", "prefill_4x", "extract_1x", "extract_4x")
     )
     by_round = {
-        f"extract_over_prefill{x}_by_round": [
-            r[f"extract{x or '_1x'}"]["tokens_per_s"] / r[f"prefill{x or '_1x'}"]["tokens_per_s"]
+        f"extract_over_prefill{suffix}_by_round": [
+            r[f"extract_{size}"]["tokens_per_s"] / r[f"prefill_{size}"]["tokens_per_s"]
             for r in rounds
         ]
-        for x in ("", "_4x")
+        for size, suffix in (("1x", ""), ("4x", "_4x"))
     }
     uncompressed = run_job("extract", args, work, tokens=tokens_1x, out=work / "shard-none.zarr",
                            codec="none")  # fmt: skip
