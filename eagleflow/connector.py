@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import fcntl
 import os
+from typing import Any
 
 import torch
 from safetensors.torch import save_file
@@ -48,25 +49,51 @@ CAPTURED: dict[str, dict[str, torch.Tensor]] = {}
 class EagleflowHiddenStatesConnector(ExampleHiddenStatesConnector):
     """`ExampleHiddenStatesConnector` that also works when the KV cache lives on the CPU."""
 
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._step_states: dict[str, torch.Tensor] = {}  # per get_finished, emptied as saved
+
+    def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str] | None, set[str] | None]:
+        self._step_states = self._copy_finished_on_cpu()
+        return super().get_finished(finished_req_ids)
+
+    def _copy_finished_on_cpu(self) -> dict[str, torch.Tensor]:
+        """The bf16 states [tokens, layers, hidden] of every request that finished this step,
+        by request id, copied out of a CPU cache (whose blocks are reused once the requests are
+        reported) in one gather for all of them: per request, the few torch ops cost more than
+        the copy itself. Empty on CUDA, where the stock path copies."""
+        cache = self._kv_cache
+        if not self._is_tp_rank_zero or cache is None or cache.is_cuda:
+            return {}
+        if not self.has_connector_metadata():
+            return {}
+        pending = getattr(self._get_connector_metadata(), "pending_saves", [])
+        if not pending:
+            return {}
+        # Runs on the engine's thread between steps (its torch ops on the engine's own OpenMP
+        # threads), so no writer thread competes with the model's threads for the cores.
+        size = self._block_size
+        counts = [-(-len(p.token_ids) // size) for p in pending]
+        blocks = [b for p, count in zip(pending, counts, strict=True) for b in p.block_ids[:count]]
+        _, layers, _, hidden = cache.shape
+        # [blocks, layers, block_size, hidden] → [blocks, block_size, layers, hidden], rounded to
+        # bf16 (nearest even) in the same pass where the engine computes in float32.
+        states = torch.empty((len(blocks), size, layers, hidden), dtype=torch.bfloat16)
+        states.copy_(cache[torch.tensor(blocks)].transpose(1, 2))
+        rows = states.flatten(0, 1)
+        copied, start = {}, 0
+        for p, count in zip(pending, counts, strict=True):
+            copied[p.req_id] = rows[start : start + len(p.token_ids)]  # a contiguous view
+            start += count * size
+        return copied
+
     def _submit_async_write(self, pending: PendingSave) -> None:
-        if not self._is_tp_rank_zero or self._kv_cache is None or self._kv_cache.is_cuda:
+        hidden = self._step_states.pop(pending.req_id, None)
+        if hidden is None:  # CUDA: the stock asynchronous copy and write
             super()._submit_async_write(pending)
             return
-        in_memory = self._kv_transfer_config.get_from_extra_config("in_memory", False)
-        # The copy runs on the engine's thread between steps (its torch ops on the engine's own
-        # OpenMP threads); no writer thread competes with the model's threads for the cores.
-        num_tokens = len(pending.token_ids)
-        blocks = torch.tensor(pending.block_ids[: -(-num_tokens // self._block_size)])
-        # [blocks, layers, block_size, hidden], copied out of the cache (whose blocks are reused
-        # once the request is reported) and rounded to bf16 where the engine computes in float32
-        # (round to nearest even), → [tokens, layers, hidden].
-        hidden = self._kv_cache[blocks].to(torch.bfloat16)
-        hidden = hidden.transpose(1, 2).flatten(0, 1)[:num_tokens].contiguous()
-        tensors = {
-            "hidden_states": hidden,
-            "token_ids": pending.token_ids,
-        }
-        if in_memory:
+        tensors = {"hidden_states": hidden, "token_ids": pending.token_ids}
+        if self._kv_transfer_config.get_from_extra_config("in_memory", False):
             CAPTURED[pending.filename] = tensors
             self._req_copy_events[pending.req_id] = _WRITTEN
             return
@@ -77,7 +104,7 @@ class EagleflowHiddenStatesConnector(ExampleHiddenStatesConnector):
             lock_fd = os.open(pending.filename + ".lock", os.O_CREAT | os.O_WRONLY, 0o644)
             fcntl.flock(lock_fd, fcntl.LOCK_EX)
         try:
-            save_file(tensors, pending.filename)
+            save_file(tensors, pending.filename)  # writes the view's own rows only
         finally:
             if lock_fd is not None:
                 os.close(lock_fd)  # releases the lock: readers may load the file

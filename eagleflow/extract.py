@@ -195,11 +195,9 @@ def finished_in_order(
     params: Sequence[Any],
     budgets: Sequence[int],
     max_pending_tokens: int,
-    before_step: Callable[[], None] | None = None,
 ) -> Iterator[tuple[int, Any, str]]:
     """Run `prompts` through `llm` (request i with `params[i]`) and yield (index, finished
     output, hidden-states path) in prompt order, once the connector has handed the states over.
-    `before_step` is called before each engine step.
 
     Requests are added as earlier ones are consumed, so that the `budgets` (the most tokens each
     request can hold: its prompt, plus `max_tokens` when it generates) of the requests queued,
@@ -227,8 +225,6 @@ def finished_in_order(
         # A request is reported finished one step before an in-process connector hands its
         # states over, so step until they are there.
         if done not in finished or not _ready(finished[done][1]):
-            if before_step is not None:
-                before_step()
             for out in llm.llm_engine.step():
                 if out.finished:
                     finished[requests.pop(out.request_id)] = (out, _hidden_states_path(out))
@@ -314,9 +310,7 @@ def extract_vllm(
         params = [SamplingParams(max_tokens=1, detokenize=False)] * len(samples)
         budgets = [len(p) for p in prompts]
         start = time.monotonic()
-        finished = finished_in_order(
-            llm, prompts, params, budgets, max_pending_tokens, before_step=_engine_free(writer)
-        )
+        finished = finished_in_order(llm, prompts, params, budgets, max_pending_tokens)
         with _progress(len(samples), "extract (vllm)") as advance:
             for i, _, path in finished:
                 states = take_states(path)
@@ -324,14 +318,6 @@ def extract_vllm(
                 append_states(writer, samples[i], states["hidden_states"], ids, hidden_size)
                 advance(1, len(samples[i]["input_ids"]))
         return time.monotonic() - start
-
-
-def _engine_free(writer: ShardWriter) -> Callable[[], None] | None:
-    """What to call before each step of an engine computing on this machine's CPU cores: wait
-    for the writer's encode threads, which would otherwise compete with the engine's threads
-    for the cores (each stall at an OpenMP barrier holds up all of them). On a GPU the encoding
-    overlaps the next step."""
-    return None if torch.cuda.is_available() else writer.drain
 
 
 def take_states(path: str) -> dict[str, torch.Tensor]:
@@ -584,8 +570,6 @@ def extract_hf(
                 results: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
                 for batch in _length_batches(samples, window, batch_tokens):
                     input_ids, attention = _padded(samples, batch)
-                    if device.type == "cpu":  # see _engine_free
-                        writer.drain()
                     model(
                         input_ids=input_ids.to(device),
                         attention_mask=attention.to(device),
@@ -633,7 +617,8 @@ def new_shard_writer(
 ) -> ShardWriter:
     """A writer for a new shard of `model_dir`'s states at `out_path`: aux `layer_ids` (default
     (2, N//2, N-3)) and id N as `last`, attributes naming the target, tokenizer and backend
-    plus `attrs`; chunks encoded on `encode_threads` threads (see ShardWriter)."""
+    plus `attrs`; chunks encoded on `encode_threads` threads (see ShardWriter), at the lowest
+    priority where the states are computed on this machine's CPU cores (no GPU)."""
     num_layers, hidden_size = target_dims(model_dir)
     aux_ids, last_id = default_layer_ids(num_layers)
     aux_ids = list(aux_ids if layer_ids is None else layer_ids)
@@ -654,6 +639,7 @@ def new_shard_writer(
         codec=codec,
         chunk_bytes=chunk_bytes,
         encode_threads=encode_threads,
+        encode_idle=not torch.cuda.is_available(),
     )
 
 

@@ -285,6 +285,12 @@ class _Column:
         self.written = end
 
 
+def _lowest_priority() -> None:
+    """Put the calling thread in Linux's SCHED_IDLE class (elsewhere: leave it as it is)."""
+    if hasattr(os, "SCHED_IDLE"):
+        os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
+
+
 class ShardWriter:
     """Stream samples into a new shard; it appears under `path` only when closed successfully.
 
@@ -295,9 +301,11 @@ class ShardWriter:
     byte-identical files, whatever `encode_threads`.
 
     `encode_threads` > 0 encodes and writes chunk files on that many threads (zstd and numpy
-    release the GIL), at most two chunks per thread queued: on a GPU machine they overlap the
-    engine's next step; on the CPU, where the engine's own threads hold the cores, call
-    `drain` before each step, so the chunks of one step are encoded in parallel between steps.
+    release the GIL), at most two chunks per thread queued, so that encoding overlaps the
+    work that produces the samples. `encode_idle` runs those threads at the lowest CPU priority
+    (Linux SCHED_IDLE) for when that work computes on this machine's cores: they then only take
+    cores its threads leave idle (an OpenMP engine stalls at every barrier where one of its
+    threads lost its core), and a full queue makes `append` wait, which frees the cores.
     """
 
     def __init__(
@@ -311,6 +319,7 @@ class ShardWriter:
         codec: str = DEFAULT_CODEC,
         chunk_bytes: int = DEFAULT_CHUNK_BYTES,
         encode_threads: int = 0,
+        encode_idle: bool = False,
     ) -> None:
         if codec not in CODECS:
             raise ValueError(f"unknown codec {codec!r}; choose one of {sorted(CODECS)}")
@@ -333,6 +342,7 @@ class ShardWriter:
         self._group: zarr.Group | None = None
         self._columns: dict[str, _Column] = {}
         self.encode_threads = int(encode_threads)
+        self.encode_idle = encode_idle
         self._pool: ThreadPoolExecutor | None = None
         self._pending: deque[Future] = deque()
 
@@ -350,7 +360,8 @@ class ShardWriter:
         try:
             self._group = zarr.open_group(tmp, mode="w", zarr_format=3)
             if self.encode_threads:
-                self._pool = ThreadPoolExecutor(self.encode_threads, "shard-encode")
+                idle = _lowest_priority if self.encode_idle else None
+                self._pool = ThreadPoolExecutor(self.encode_threads, "shard-encode", idle)
             a, h = len(self.aux_layer_ids), self.hidden_size
             shapes = {"aux": (a, h), "last": (h,), "input_ids": (), "loss_mask": ()}
             for name, inner in shapes.items():

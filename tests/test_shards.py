@@ -247,9 +247,14 @@ def test_writing_twice_gives_identical_files(tmp_path: Path, samples: list[dict]
     assert "zarr.json" in sums and "aux/c/0/0/0" in sums
 
 
-def test_encode_threads_write_the_same_bytes(tmp_path: Path, samples: list[dict]) -> None:
+@pytest.mark.parametrize("idle", [False, True], ids=["normal-priority", "idle-priority"])
+def test_encode_threads_write_the_same_bytes(
+    tmp_path: Path, samples: list[dict], idle: bool
+) -> None:
     serial = write(tmp_path / "a" / "shard-00000.zarr", samples)
-    threaded = write(tmp_path / "b" / "shard-00000.zarr", samples, encode_threads=3)
+    threaded = write(
+        tmp_path / "b" / "shard-00000.zarr", samples, encode_threads=3, encode_idle=idle
+    )
     assert store_checksums(threaded) == store_checksums(serial)
     assert verify_shard(threaded) == []
 
