@@ -13,7 +13,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from eagleflow.engine import BLAS_THREAD_VARIABLES
+from eagleflow.engine import BLAS_THREAD_VARIABLES, use_compile_cache
 
 # Written next to an extraction server's hidden-state files: its layer ids and target.
 SERVER_INFO = "eagleflow-server.json"
@@ -90,6 +90,7 @@ def _server_env() -> dict[str, str]:
     vLLM's own engine-core process."""
     dropped = {*BLAS_THREAD_VARIABLES, "VLLM_ENABLE_V1_MULTIPROCESSING"}
     env = {k: v for k, v in os.environ.items() if k not in dropped}
+    use_compile_cache(env)
     return {**env, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
 
 
