@@ -92,6 +92,29 @@ def by_round(f: dict, key: str) -> str:
     return ", ".join(f"{x:.2f}" for x in f.get(f"{key}_by_round", [f[key]]))
 
 
+def warm_pair_rows(f: dict) -> list[Row]:
+    """b / a from pairs of passes of two warm engines run back to back (runs from before the
+    bench had them: none)."""
+    if "extract_over_prefill_warm" not in f:
+        return []
+    by_pair = ", ".join(f"{x:.2f}" for x in f["extract_over_prefill_warm_by_pair"])
+    return [
+        Row(
+            f"warm engines, {f['warm_pairs']} pairs of passes back to back: (a) / (b) tok/s",
+            f"{f['warm_prefill_tok_s']:,.0f} / {f['warm_extract_tok_s']:,.0f}",
+            key="warm_prefill_tok_s, warm_extract_tok_s",
+        ),
+        ratio_row(
+            "b / a, warm engines (median of the pairs)",
+            f["extract_over_prefill_warm"],
+            GOAL_EXTRACT_OVER_PREFILL,
+            "extract_over_prefill_warm",
+            at_least=True,
+        ),
+        Row("b / a by pair, warm engines", by_pair, key="extract_over_prefill_warm_by_pair"),
+    ]
+
+
 def extraction_rows(f: dict) -> list[Row]:
     rss_growth = f["peak_rss_4x"] / f["peak_rss_1x"]
     process_growth = f["max_process_rss_4x"] / f["max_process_rss_1x"]
@@ -136,6 +159,7 @@ def extraction_rows(f: dict) -> list[Row]:
             f"{by_round(f, 'extract_over_prefill')}; {by_round(f, 'extract_over_prefill_4x')}",
             key="extract_over_prefill_by_round",
         ),
+        *warm_pair_rows(f),
         Row(
             "(b0) as (b) without compression: tok/s, b0 / a",
             f"{f['uncompressed_tok_s']:,.0f}, {f['uncompressed_over_prefill']:.2f}",
