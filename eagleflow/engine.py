@@ -26,7 +26,7 @@ BLAS_THREAD_VARIABLES = (
 )
 # vLLM 0.32 with torch >= 2.12 saves compiled models as "mega AOT artifacts" that it then fails
 # to load ("'function' object has no attribute 'finalize_loading'"), so every compiled engine
-# compiled from scratch (25-45 s on two cores). Its older compile cache loads: 7 s warm.
+# compiled from scratch (33-54 s on two cores). Its older compile cache loads: ~7 s warm.
 COMPILE_CACHE_ENV = {"VLLM_USE_AOT_COMPILE": "0"}
 
 
