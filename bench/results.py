@@ -215,6 +215,31 @@ def extraction_rows(f: dict) -> list[Row]:
     ]
 
 
+def scaling_rows(f: dict) -> list[Row]:
+    """b / a on the demo target and on random-weight copies of it widened (warm pairs)."""
+    rows = []
+    for i, width in enumerate(f["widths"]):
+        target = "random weights" if width["random_weights"] else "the demo target"
+        name = f"hidden {width['hidden_size']} ({width['parameters'] / 1e6:.1f} M, {target})"
+        by_pair = ", ".join(f"{x:.2f}" for x in width["extract_over_prefill_warm_by_pair"])
+        rows += [
+            Row(
+                f"{name}: (a) / (b) tok/s; b - a, us/token; b / a by pair",
+                f"{width['warm_prefill_tok_s']:,.0f} / {width['warm_extract_tok_s']:,.0f}; "
+                f"{width['extraction_us_per_token']:.1f}; {by_pair}",
+                key=f"widths[{i}]",
+            ),
+            ratio_row(
+                f"{name}: b / a (median of the pairs)",
+                width["extract_over_prefill_warm"],
+                GOAL_EXTRACT_OVER_PREFILL,
+                f"widths[{i}].extract_over_prefill_warm",
+                at_least=True,
+            ),
+        ]
+    return rows
+
+
 def projection_rows(f: dict) -> list[Row]:
     error = f["relative_error"]
     return [
@@ -496,6 +521,10 @@ def model_args(args: argparse.Namespace) -> list[str]:
     return ["--model", str(args.model), "--prompts", str(args.prompts)]
 
 
+def scaling_args(args: argparse.Namespace) -> list[str]:
+    return ["--model", str(args.model), "--samples", str(args.results / "tokens/shard-00000.jsonl")]
+
+
 def dag_args(args: argparse.Namespace) -> list[str]:
     noop = ["--noop-workdir", str(args.noop_workdir)] if args.noop_workdir else []
     return ["--shards", args.dag_shards, *noop]
@@ -503,6 +532,13 @@ def dag_args(args: argparse.Namespace) -> list[str]:
 
 BENCHES = [
     Bench("extraction", "Extraction", "extraction.py", model_args, extraction_rows),
+    Bench(
+        "extraction_scaling",
+        "Extraction against the target's width",
+        "extraction_scaling.py",
+        scaling_args,
+        scaling_rows,
+    ),
     Bench(
         "projection",
         "Disk projection error",
