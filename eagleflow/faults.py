@@ -268,8 +268,13 @@ class CorruptionTrial:
     injected: dict[str, str]  # shard -> corruption kind
     detected: list[str] = field(default_factory=list)  # shards verify named
     command: str = ""  # the repair command verify printed
-    rescheduled_shards: list[str] = field(default_factory=list)  # hidden outputs of its dry run
+    rescheduled_shards: list[str] = field(default_factory=list)  # shards the repair reran
+    repair_output: str = ""
     differing: list[str] = field(default_factory=list)  # shards unlike the reference after repair
+    # Outputs not made by the rerun jobs whose mtime the repair changed (should be none), and
+    # what `snakemake -n` schedules afterwards (should be nothing).
+    touched_downstream: list[str] = field(default_factory=list)
+    scheduled_after: list[str] = field(default_factory=list)
     verify_after: dict[str, list[str]] = field(default_factory=dict)
 
     @property
@@ -279,6 +284,8 @@ class CorruptionTrial:
             self.detected == hit
             and self.rescheduled_shards == hit
             and not self.differing
+            and not self.touched_downstream
+            and not self.scheduled_after
             and not self.verify_after
         )
 
@@ -287,7 +294,9 @@ class CorruptionTrial:
         return (
             f"injected {kinds}; verify named {len(self.detected)}/{len(self.injected)}; repair "
             f"reran {len(self.rescheduled_shards)} shard(s); {len(self.differing)} differ after "
-            f"repair; verify after: {len(self.verify_after)} problems"
+            f"repair; {len(self.touched_downstream)} other outputs touched; "
+            f"{len(self.scheduled_after)} jobs stale after; "
+            f"verify after: {len(self.verify_after)} problems"
             + (" -> passed" if self.passed else " -> FAILED")
         )
 
@@ -332,11 +341,23 @@ def detection_trial(
         shutil.rmtree(copy, ignore_errors=True)
 
 
+def _output_mtimes(workdir: Path) -> dict[str, float]:
+    """mtime of every file under results/ except the logs and benchmarks jobs rewrite."""
+    results = workdir / "results"
+    skip = ("logs", "benchmarks")
+    return {
+        p.relative_to(workdir).as_posix(): p.stat().st_mtime
+        for p in results.rglob("*")
+        if p.is_file() and p.relative_to(results).parts[0] not in skip
+    }
+
+
 def corruption_trial(
     reference: Path, workdir: Path, rng: random.Random, kinds: Sequence[str] = CORRUPTIONS
 ) -> CorruptionTrial:
-    """Copy `reference`, damage one random shard per kind, run `verify`, dry-run and run the
-    repair command it prints (up to the shards), and compare with the reference."""
+    """Copy `reference`, damage one random shard per kind, run `verify`, run the repair command
+    it prints, and compare with the reference: shards bit-identical, every other output left
+    with its mtime, and nothing left for `snakemake -n` to do."""
     shutil.copytree(reference, workdir, symlinks=True)
     victims = rng.sample(planned_shards(workdir), len(kinds))
     trial = CorruptionTrial(injected=dict(zip(victims, kinds, strict=True)))
@@ -351,15 +372,29 @@ def corruption_trial(
     trial.detected = sorted(verify_results(workdir / "results"))
     trial.command = check.stdout.strip().splitlines()[-1] if check.returncode == 1 else ""
     if trial.command:
-        args = shlex.split(trial.command)[1:]
-        dry = snakemake(workdir, *args, "-n").stdout
-        trial.rescheduled_shards = [
-            p.split("shard-")[1].removesuffix(".zarr")
-            for p in scheduled_outputs(dry, "results/hidden/")
-        ]
-        # Up to the shards: what depends on them (training, evaluation) is rescheduled by the
-        # same command but is the crash trials' subject.
-        snakemake(workdir, *args, "hidden")
+        before = _output_mtimes(workdir)
+        stores = shlex.split(trial.command)[3:]  # python -m eagleflow.repair STORE...
+        repair = subprocess.run(
+            [sys.executable, "-m", "eagleflow.repair", *stores, "--cores", "2", "--",
+             "--snakefile", str(REPO / "Snakefile")],
+            cwd=workdir, capture_output=True, text=True,
+            env={**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"},
+        )  # fmt: skip
+        trial.repair_output = repair.stdout + repair.stderr[-4000:]
+        if repair.returncode != 0:
+            raise RuntimeError(f"repair exited {repair.returncode}:\n{trial.repair_output}")
+        rerun = [line.split(" -> ")[1].split(", ") for line in repair.stdout.splitlines()
+                 if line.startswith("repair: rerun ")]  # fmt: skip
+        made = {out for outputs in rerun for out in outputs}
+        trial.rescheduled_shards = sorted(
+            p.split("shard-")[1].removesuffix(".zarr") for p in made if p.endswith(".zarr")
+        )
+        after = _output_mtimes(workdir)
+        trial.touched_downstream = sorted(
+            p for p in before.keys() & after.keys()
+            if before[p] != after[p] and not any(p == m or p.startswith(m + "/") for m in made)
+        )  # fmt: skip
+        trial.scheduled_after = scheduled_outputs(snakemake(workdir, "-n").stdout, "results/")
     trial.verify_after = verify_results(workdir / "results")
     for shard in victims:
         path = f"results/hidden/shard-{shard}.zarr"

@@ -13,6 +13,10 @@ bf16 is not a zarr dtype, so activations are stored as their uint16 views (never
 which is not bit-exact); the group attributes record `logical_dtype: "bfloat16"`. Every chunk
 ends in a crc32c checksum, so a corrupt chunk fails loudly on read. Chunks run along the token
 axis only and hold about `chunk_bytes` of raw data each.
+
+Next to the store, `shard-NNNNN.sha256` (`manifest_path`) lists the sha256 of every file of the
+store as written, in `sha256sum -c` format (run it in the folder that holds both). It is what a
+regenerated shard is compared with (`eagleflow.repair`): a corrupt store cannot vouch for itself.
 """
 
 from __future__ import annotations
@@ -38,6 +42,7 @@ from zarr.codecs.numcodecs import Shuffle
 from zarr.errors import ZarrUserWarning
 
 from eagleflow.files import atomic_output
+from eagleflow.fp8 import dequantize, quantize
 
 FORMAT_VERSION = 1
 LOGICAL_DTYPE = "bfloat16"
@@ -56,6 +61,8 @@ FORMAT_ATTRS = (
     "sample_ids",
     "codec",
 )
+# Also set by the writer (not required of shards written before they existed).
+WRITER_ATTRS = (*FORMAT_ATTRS, "lossy", "encoding")
 # Arrays written sample by sample along the token axis, with their stored dtypes.
 TOKEN_ARRAYS = {"aux": "uint16", "last": "uint16", "input_ids": "int32", "loss_mask": "bool"}
 ARRAY_DTYPES = {**TOKEN_ARRAYS, "offsets": "int64"}
@@ -75,7 +82,21 @@ CODECS: dict[str, Callable[[], list]] = {
         BloscCodec(cname="zstd", clevel=1, shuffle="bitshuffle", typesize=2)
     ],
     "blosc-lz4-shuffle": lambda: [BloscCodec(cname="lz4", clevel=5, shuffle="shuffle", typesize=2)],
+    # Lossy (eagleflow.fp8): the activations become uint8 e4m3 codes plus float32 scale arrays.
+    "fp8-e4m3": lambda: [ZstdCodec(level=1)],
 }
+LOSSY_CODECS = {"fp8-e4m3": "float8_e4m3fn codes, float32 scale per channel per chunk"}
+ACTIVATIONS = ("aux", "last")
+SCALE_SUFFIX = "_scale"  # `aux_scale`: the scales of `aux`, one row per chunk of it
+
+
+def stored_arrays(codec: str) -> dict[str, str]:
+    """The arrays a shard written with `codec` holds, with their stored dtypes."""
+    if codec not in LOSSY_CODECS:
+        return dict(ARRAY_DTYPES)
+    fp8 = {name: "uint8" for name in ACTIVATIONS}
+    scales = {name + SCALE_SUFFIX: "float32" for name in ACTIVATIONS}
+    return {**ARRAY_DTYPES, **fp8, **scales}
 
 
 @contextlib.contextmanager
@@ -146,13 +167,18 @@ class _ChunkFiles:
     ~1.8x the codecs' own time to write a chunk and ~3.5x to read one.
     """
 
-    def __init__(self, array: zarr.Array, directory: Path, steps: list) -> None:
+    def __init__(
+        self, array: zarr.Array, directory: Path, steps: list, digests: dict[Path, str] | None
+    ) -> None:
         self.array, self.directory, self.steps = array, directory, steps
+        self.digests = digests  # sha256 of each chunk file written, by path
         self.chunk_shape = tuple(array.chunks)
         self.dtype = np.dtype(array.dtype)
 
     @classmethod
-    def for_array(cls, array: zarr.Array, directory: Path) -> _ChunkFiles | None:
+    def for_array(
+        cls, array: zarr.Array, directory: Path, digests: dict[Path, str] | None = None
+    ) -> _ChunkFiles | None:
         codecs = array.metadata.codecs
         first, last = codecs[0], codecs[-1]
         if not isinstance(first, BytesCodec) or not isinstance(last, Crc32cCodec):
@@ -170,7 +196,7 @@ class _ChunkFiles:
                 steps.append(numcodecs.Zstd(level=codec.level, checksum=codec.checksum))
             else:
                 return None
-        return cls(array, directory, steps)
+        return cls(array, directory, steps, digests)
 
     def path(self, index: int) -> Path:
         key = self.array.metadata.encode_chunk_key((index,) + (0,) * (len(self.chunk_shape) - 1))
@@ -186,11 +212,16 @@ class _ChunkFiles:
         for step in self.steps:
             data = step.encode(data)
         data = np.frombuffer(data, dtype=np.uint8)
+        checksum = google_crc32c.value(data).to_bytes(4, "little")
         path = self.path(index)
         path.parent.mkdir(parents=True, exist_ok=True)
         with path.open("wb") as out:
             out.write(data)
-            out.write(google_crc32c.value(data).to_bytes(4, "little"))
+            out.write(checksum)
+        if self.digests is not None:  # hashed while in memory: no second read for the manifest
+            digest = hashlib.sha256(data)
+            digest.update(checksum)
+            self.digests[path] = digest.hexdigest()
 
     def prefetch(self, index: int) -> None:
         """Start reading chunk `index` into the page cache without waiting for it, so that a
@@ -235,12 +266,19 @@ class _Column:
     """
 
     def __init__(
-        self, array: zarr.Array, directory: Path, submit: Callable[..., None], pooled: bool
+        self,
+        array: zarr.Array,
+        directory: Path,
+        submit: Callable[..., None],
+        pooled: bool,
+        digests: dict[Path, str],
+        dtype: str | np.dtype | None = None,
     ) -> None:
         self.array, self.submit, self.pooled = array, submit, pooled
-        self.files = _ChunkFiles.for_array(array, directory)
+        self.files = _ChunkFiles.for_array(array, directory, digests)
         self.rows = array.chunks[0]
-        self.buffer = np.empty((self.rows, *array.shape[1:]), dtype=array.dtype)
+        # Rows as appended (`dtype`; the array's own by default), before any encoding.
+        self.buffer = np.empty((self.rows, *array.shape[1:]), dtype=dtype or array.dtype)
         self.fill = 0  # rows waiting in the buffer
         self.written = 0  # rows already in the array
 
@@ -281,8 +319,35 @@ class _Column:
         else:
             first = self.written // self.rows  # whole chunks were written before this block
             for k in range(0, len(block), self.rows):
-                self.submit(self.files.write, first + k // self.rows, block[k : k + self.rows])
+                self.submit(self._write_chunk, first + k // self.rows, block[k : k + self.rows])
         self.written = end
+
+    def _write_chunk(self, index: int, rows: np.ndarray) -> None:
+        self.files.write(index, rows)
+
+
+class _Fp8Column(_Column):
+    """An activation array stored as fp8 codes, with its scale array (one row per chunk);
+    each chunk is quantized where it is encoded (on the encode threads, if any)."""
+
+    def __init__(self, array: zarr.Array, scales: zarr.Array, directory: Path, *args) -> None:
+        super().__init__(array, directory, *args, dtype=np.uint16)
+        self.scale_array = scales
+        self.scale_files = _ChunkFiles.for_array(
+            scales, directory.with_name(scales.basename), args[-1]
+        )
+        if self.files is None or self.scale_files is None:
+            raise ValueError(f"{array.name}: fp8 arrays must be chunked along the token axis only")
+
+    def _write_chunk(self, index: int, rows: np.ndarray) -> None:
+        codes, scale = quantize(rows)
+        self.files.write(index, codes)
+        self.scale_files.write(index, scale[np.newaxis])
+
+    def set_shape(self) -> None:
+        super().set_shape()
+        chunks = -(-self.written // self.rows)
+        self.scale_array.resize((chunks, *self.scale_array.shape[1:]))
 
 
 def _lowest_priority() -> None:
@@ -325,7 +390,7 @@ class ShardWriter:
             raise ValueError(f"unknown codec {codec!r}; choose one of {sorted(CODECS)}")
         if len(set(aux_layer_ids)) != len(aux_layer_ids) or not aux_layer_ids:
             raise ValueError(f"aux_layer_ids must be distinct and non-empty: {aux_layer_ids}")
-        reserved = sorted(set(attrs) & set(FORMAT_ATTRS))
+        reserved = sorted(set(attrs) & set(WRITER_ATTRS))
         if reserved:
             raise ValueError(f"attrs may not set format attributes {reserved}")
         self.path = Path(path)
@@ -345,6 +410,9 @@ class ShardWriter:
         self.encode_idle = encode_idle
         self._pool: ThreadPoolExecutor | None = None
         self._pending: deque[Future] = deque()
+        self._digests: dict[Path, str] = {}  # chunk files hashed as they were written
+        self._tmp = self.path
+        self._manifest: dict[str, str] = {}
 
     @property
     def num_samples(self) -> int:
@@ -355,8 +423,10 @@ class ShardWriter:
         return self.offsets[-1]
 
     def __enter__(self) -> ShardWriter:
+        manifest_path(self.path).unlink(missing_ok=True)  # it would describe the old store
         self._atomic = atomic_output(self.path)
         tmp = self._atomic.__enter__()
+        self._tmp = tmp
         try:
             self._group = zarr.open_group(tmp, mode="w", zarr_format=3)
             if self.encode_threads:
@@ -366,24 +436,33 @@ class ShardWriter:
             shapes = {"aux": (a, h), "last": (h,), "input_ids": (), "loss_mask": ()}
             for name, inner in shapes.items():
                 array = self._create(name, (0, *inner))
-                self._columns[name] = _Column(array, tmp / name, self._submit, bool(self._pool))
+                column_args = (self._submit, bool(self._pool), self._digests)
+                if name in ACTIVATIONS and self.codec in LOSSY_CODECS:
+                    scales = self._create(name + SCALE_SUFFIX, (0, *inner))
+                    self._columns[name] = _Fp8Column(array, scales, tmp / name, *column_args)
+                else:
+                    self._columns[name] = _Column(array, tmp / name, *column_args)
         except BaseException as error:
             self._atomic.__exit__(type(error), error, error.__traceback__)
             raise
         return self
 
     def _create(self, name: str, shape: tuple[int, ...]) -> zarr.Array:
-        dtype = np.dtype(ARRAY_DTYPES[name])
-        row_bytes = int(np.prod(shape[1:], dtype=np.int64)) * dtype.itemsize
+        dtype = np.dtype(stored_arrays(self.codec)[name])
+        # Activations: chunks of `chunk_bytes` of bf16 whatever the codec, so that a lossy
+        # shard has the same rows per chunk as a lossless one; a scale array: a row per chunk.
+        logical = np.dtype(ARRAY_DTYPES.get(name, "uint16"))
+        row_bytes = int(np.prod(shape[1:], dtype=np.int64)) * logical.itemsize
+        rows = 1 if name.endswith(SCALE_SUFFIX) else _rows_per_chunk(row_bytes, self.chunk_bytes)
         with _quiet():
-            if name in ("aux", "last"):
+            if name in ACTIVATIONS:
                 compressors = CODECS[self.codec]()
-            else:  # token ids, mask and offsets: small, and zstd suits them whatever the codec
+            else:  # token ids, mask, offsets, scales: small; zstd suits them whatever the codec
                 compressors = [ZstdCodec(level=3)]
             return self._group.create_array(
                 name,
                 shape=shape,
-                chunks=(_rows_per_chunk(row_bytes, self.chunk_bytes), *shape[1:]),
+                chunks=(rows, *shape[1:]),
                 dtype=dtype,
                 compressors=[*compressors, Crc32cCodec()],
                 fill_value=0,
@@ -418,6 +497,12 @@ class ShardWriter:
             raise ValueError(f"{sample_id}: input_ids must be non-negative int32 token ids")
         if sample_id in self._seen:
             raise ValueError(f"duplicate sample id {sample_id!r}")
+        if self.codec in LOSSY_CODECS:  # no fp8 code for them; all-ones exponent: inf or NaN
+            for name in ACTIVATIONS:
+                if np.any((actual[name] & 0x7F80) == 0x7F80):
+                    raise ValueError(
+                        f"{sample_id}: {name} holds inf or NaN, which fp8 cannot store"
+                    )
         actual["input_ids"], actual["loss_mask"] = ids.astype(np.int32), mask.astype(bool)
         for name, column in self._columns.items():
             column.push(actual[name])
@@ -455,6 +540,8 @@ class ShardWriter:
                 self._pool, self._pending = None, deque()
             atomic.__exit__(exc_type, exc, tb)
             self._group = None
+        if exc_type is None:
+            write_manifest(self.path, self._manifest)
 
     def _finish(self) -> None:
         for column in self._columns.values():
@@ -475,9 +562,12 @@ class ShardWriter:
                 "num_tokens": self.num_tokens,
                 "sample_ids": self.sample_ids,
                 "codec": self.codec,
+                "lossy": self.codec in LOSSY_CODECS,
+                **({"encoding": LOSSY_CODECS[self.codec]} if self.codec in LOSSY_CODECS else {}),
                 **self.attrs,
             }
         )
+        self._manifest = _file_digests(self._tmp, self._digests)
 
 
 def _chunk_nbytes(array: zarr.Array) -> int:
@@ -520,6 +610,7 @@ class _RowReader:
         self.files = _ChunkFiles.for_array(array, directory)
         self.rows = array.chunks[0]
         self.total = array.shape[0]
+        self.dtype = array.dtype  # of the rows returned
 
     def _decode(self, index: int) -> np.ndarray:
         start = index * self.rows
@@ -542,10 +633,29 @@ class _RowReader:
             block.flags.writeable = False  # the cache's own: callers get views or copies
             parts.append(block[max(start, base) - base : min(stop, base + len(block)) - base])
         if not parts:
-            return np.empty((0, *self.array.shape[1:]), dtype=self.array.dtype)
+            return np.empty((0, *self.array.shape[1:]), dtype=self.dtype)
         if len(parts) > 1:
             return np.concatenate(parts)
         return parts[0].copy() if copy else parts[0]
+
+
+class _Fp8RowReader(_RowReader):
+    """Rows of an fp8 activation array, decoded to bf16 bit patterns with their chunk's scales."""
+
+    def __init__(
+        self, array: zarr.Array, scales: zarr.Array, directory: Path, cache: ChunkCache
+    ) -> None:
+        super().__init__(array, directory, cache)
+        self.scale_files = _ChunkFiles.for_array(scales, directory.with_name(scales.basename))
+        if self.files is None or self.scale_files is None:
+            raise ValueError(f"{directory}: fp8 arrays must be chunked along the token axis only")
+        self.dtype = np.dtype(np.uint16)
+
+    def _decode(self, index: int) -> np.ndarray:
+        stop = min(self.total, (index + 1) * self.rows) - index * self.rows
+        self.files.prefetch(index + 1)
+        codes = self.files.read(index)[:stop]
+        return dequantize(codes, self.scale_files.read(index)[0])
 
 
 class Shard:
@@ -557,19 +667,23 @@ class Shard:
             raise FileNotFoundError(f"{self.path}: not a shard (no zarr.json)")
         with _quiet():
             self.group = zarr.open_group(self.path, mode="r", zarr_format=3)
-            self.arrays: dict[str, zarr.Array] = {name: self.group[name] for name in ARRAY_DTYPES}
-        self.attrs: dict[str, Any] = dict(self.group.attrs)
+            self.attrs: dict[str, Any] = dict(self.group.attrs)
+            self.codec: str = self.attrs.get("codec", DEFAULT_CODEC)
+            names = stored_arrays(self.codec)
+            self.arrays: dict[str, zarr.Array] = {name: self.group[name] for name in names}
         self.offsets: np.ndarray = self.arrays["offsets"][:]
         self.sample_ids: list[str] = list(self.attrs["sample_ids"])
         # Without a shared cache, each array keeps its last two chunks: enough for sequential reads.
-        self._readers = {
-            name: _RowReader(
-                self.arrays[name],
-                self.path / name,
-                cache or ChunkCache(2 * _chunk_nbytes(self.arrays[name])),
-            )
-            for name in TOKEN_ARRAYS
-        }
+        self._readers: dict[str, _RowReader] = {}
+        for name in TOKEN_ARRAYS:
+            array = self.arrays[name]
+            if name in ACTIVATIONS and self.codec in LOSSY_CODECS:  # decoded to 2-byte bf16
+                scales = self.arrays[name + SCALE_SUFFIX]
+                own_cache = cache or ChunkCache(4 * _chunk_nbytes(array))
+                self._readers[name] = _Fp8RowReader(array, scales, self.path / name, own_cache)
+            else:
+                own_cache = cache or ChunkCache(2 * _chunk_nbytes(array))
+                self._readers[name] = _RowReader(array, self.path / name, own_cache)
 
     @property
     def num_samples(self) -> int:
@@ -610,14 +724,17 @@ class Shard:
             yield self.sample(i)
 
     def nbytes_raw(self, names: tuple[str, ...] = tuple(ARRAY_DTYPES)) -> int:
-        """Uncompressed bytes of the named arrays (all by default)."""
-        return sum(self.arrays[name].nbytes for name in names)
+        """Uncompressed bytes of the named arrays (all by default) in their logical dtypes:
+        activations as bf16 whatever the codec, so raw / stored is the saving over bf16."""
+        return sum(self.arrays[name].size * np.dtype(ARRAY_DTYPES[name]).itemsize for name in names)
 
     def nbytes_stored(self, names: tuple[str, ...] | None = None) -> int:
-        """Bytes on disk of the named arrays, or of the whole store (metadata included)."""
+        """Bytes on disk of the named arrays (an fp8 array's scales included), or of the whole
+        store (metadata included)."""
         if names is None:
             return sum(p.stat().st_size for p in self.path.rglob("*") if p.is_file())
-        return sum(self.arrays[name].nbytes_stored() for name in names)
+        with_scales = [n + s for n in names for s in ("", SCALE_SUFFIX) if n + s in self.arrays]
+        return sum(self.arrays[name].nbytes_stored() for name in with_scales)
 
 
 def open_shard(path: str | Path, cache: ChunkCache | None = None) -> Shard:
@@ -625,17 +742,67 @@ def open_shard(path: str | Path, cache: ChunkCache | None = None) -> Shard:
     return Shard(path, cache)
 
 
+def _sha256(file: Path) -> str:
+    digest = hashlib.sha256()
+    with file.open("rb") as stream:
+        for block in iter(lambda: stream.read(2**20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _file_digests(root: Path, known: dict[Path, str] | None = None) -> dict[str, str]:
+    """sha256 of every file under `root` by relative posix path; `known` ones are not reread."""
+    known = known or {}
+    return {
+        file.relative_to(root).as_posix(): known.get(file) or _sha256(file)
+        for file in sorted(p for p in root.rglob("*") if p.is_file())
+    }
+
+
 def store_checksums(path: str | Path) -> dict[str, str]:
     """sha256 of every file in the store, by path relative to it (proves bit-identity)."""
-    root = Path(path)
-    sums = {}
-    for file in sorted(p for p in root.rglob("*") if p.is_file()):
-        digest = hashlib.sha256()
-        with file.open("rb") as stream:
-            for block in iter(lambda s=stream: s.read(2**20), b""):
-                digest.update(block)
-        sums[file.relative_to(root).as_posix()] = digest.hexdigest()
-    return sums
+    return _file_digests(Path(path))
+
+
+def manifest_path(store: str | Path) -> Path:
+    """The manifest of the store `store`: `shard-NNNNN.zarr` -> `shard-NNNNN.sha256`."""
+    return Path(store).with_suffix(".sha256")
+
+
+# Written next to a store by tools that mark it (Snakemake's directory outputs); not content.
+_NOT_CONTENT = (".snakemake_timestamp",)
+
+
+def write_manifest(store: str | Path, digests: dict[str, str]) -> None:
+    """Write the manifest of `store` (sha256 by path relative to the store), atomically."""
+    store = Path(store)
+    with atomic_output(manifest_path(store)) as tmp:
+        tmp.write_text("".join(f"{d}  {store.name}/{f}\n" for f, d in sorted(digests.items())))
+
+
+def read_manifest(store: str | Path) -> dict[str, str] | None:
+    """The digests the manifest of `store` records (None when there is no manifest)."""
+    store = Path(store)
+    try:
+        lines = manifest_path(store).read_text().splitlines()
+    except FileNotFoundError:
+        return None
+    prefix = f"{store.name}/"
+    return {
+        name.removeprefix(prefix): digest for digest, name in (ln.split("  ", 1) for ln in lines)
+    }
+
+
+def manifest_mismatches(store: str | Path) -> list[str] | None:
+    """Files of `store` whose content differs from its manifest (missing and extra files
+    included); None when there is no manifest to compare with."""
+    recorded = read_manifest(store)
+    if recorded is None:
+        return None
+    actual = store_checksums(store) if Path(store).is_dir() else {}
+    for name in _NOT_CONTENT:
+        actual.pop(name, None)
+    return sorted(f for f in recorded.keys() | actual.keys() if recorded.get(f) != actual.get(f))
 
 
 def _verify_chunks(path: Path, name: str, array: zarr.Array, budget: int) -> list[str]:
@@ -677,7 +844,10 @@ def _verify(path: Path, budget: int) -> list[str]:
         return [f"{path}: cannot open the group: {type(error).__name__}: {error}"]
     problems = [f"{path}: attribute {key!r} missing" for key in FORMAT_ATTRS if key not in attrs]
     arrays = {}
-    for name, dtype in ARRAY_DTYPES.items():
+    codec = attrs.get("codec", DEFAULT_CODEC)
+    if codec not in CODECS:
+        return [*problems, f"{path}: unknown codec {codec!r}"]
+    for name, dtype in stored_arrays(codec).items():
         try:
             with _quiet():
                 array = group[name]
@@ -695,6 +865,10 @@ def _verify(path: Path, budget: int) -> list[str]:
     t, s = attrs["num_tokens"], attrs["num_samples"]
     expected = {"aux": (t, a, h), "last": (t, h), "input_ids": (t,), "loss_mask": (t,)}
     expected["offsets"] = (s + 1,)
+    for name in ACTIVATIONS:  # fp8: a row of scales per chunk of the codes
+        if name + SCALE_SUFFIX in arrays:
+            chunks = -(-t // arrays[name].chunks[0])
+            expected[name + SCALE_SUFFIX] = (chunks, *expected[name][1:])
     for name, shape in expected.items():
         if arrays[name].shape != shape:
             problems.append(

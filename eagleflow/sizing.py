@@ -24,6 +24,7 @@ from pathlib import Path
 
 from eagleflow.layers import default_layer_ids, target_text_config
 from eagleflow.logs import InputError
+from eagleflow.shards import CODECS, DEFAULT_CODEC, LOSSY_CODECS
 from eagleflow.status import (
     DEFAULT_AUX_LAYERS,
     extraction_status,
@@ -37,6 +38,9 @@ from eagleflow.status import (
 # which compress 1.62x), so the projection errs towards too much disk, never too little.
 # Measure yours: `--results` on a first finished run, or `python -m eagleflow.status`.
 DEFAULT_RATIO = 1.25
+# With the lossy fp8 codec: its codes alone (a byte per bf16 value); what zstd then gains on
+# them (demo target: bench/RESULTS.md, "Storage") is not assumed.
+DEFAULT_FP8_RATIO = 2.0
 # Without a measured throughput, shards are sized to about this many stored bytes each: big
 # enough that per-job overhead (engine start, ~minutes) is small, small enough that a failed
 # or corrupt shard is cheap to redo.
@@ -52,6 +56,7 @@ class Sizing:
     num_aux: int
     samples: int
     mean_tokens: float
+    codec: str
     compression_ratio: float
     raw_bytes_per_token: int
     tokens: int
@@ -75,13 +80,16 @@ def project(
     samples: int,
     mean_tokens: float,
     num_aux: int = DEFAULT_AUX_LAYERS,
-    ratio: float = DEFAULT_RATIO,
+    ratio: float | None = None,
     tokens_per_s: float | None = None,
     job_hours: float = 1.0,
     num_layers: int | None = None,
+    codec: str = DEFAULT_CODEC,
 ) -> Sizing:
     """Bytes of a run and a shard size: one job of `job_hours` at `tokens_per_s` when the
-    throughput is known, else about DEFAULT_STORED_BYTES_PER_SHARD stored per shard."""
+    throughput is known, else about DEFAULT_STORED_BYTES_PER_SHARD stored per shard. `ratio`
+    (raw bf16 / stored) defaults to the assumption for `codec` (`default_ratio`)."""
+    ratio = ratio or default_ratio(codec)
     per_token = raw_bytes_per_token(num_aux, hidden_size)
     tokens = round(samples * mean_tokens)
     raw = tokens * per_token
@@ -105,6 +113,7 @@ def project(
         num_aux=num_aux,
         samples=samples,
         mean_tokens=mean_tokens,
+        codec=codec,
         compression_ratio=ratio,
         raw_bytes_per_token=per_token,
         tokens=tokens,
@@ -119,8 +128,13 @@ def project(
         stored_bytes_per_shard=round(raw / ratio / shards),
         hours_per_shard=round(tokens / shards / tokens_per_s / 3600, 2) if tokens_per_s else None,
         extraction_hours=round(tokens / tokens_per_s / 3600, 1) if tokens_per_s else None,
-        config={"plan": plan},
+        config={"plan": plan, **({"extract": {"codec": codec}} if codec != DEFAULT_CODEC else {})},
     )
+
+
+def default_ratio(codec: str) -> float:
+    """The compression ratio assumed for `codec` when none is measured or given."""
+    return DEFAULT_FP8_RATIO if codec in LOSSY_CODECS else DEFAULT_RATIO
 
 
 def _config_snippet(config: dict) -> list[str]:
@@ -157,7 +171,8 @@ def format_sizing(sizing: Sizing) -> str:
             f"per token   {s.raw_bytes_per_token:,} B raw (activations + 5 B id and loss mask)",
             f"tokens      {s.samples:,} samples x {s.mean_tokens:,g} = {s.tokens:,}",
             f"raw         {human_bytes(s.raw_bytes)} ({s.raw_bytes:,} B)",
-            f"stored      {human_bytes(s.stored_bytes)} at {s.compression_ratio:.2f}x compression",
+            f"stored      {human_bytes(s.stored_bytes)} at {s.compression_ratio:.2f}x compression "
+            f"({s.codec}{', lossy' if s.codec in LOSSY_CODECS else ''})",
             f"shards      {s.shards:,} of ~{s.shard_tokens:,} tokens (~{s.samples_per_shard:,g} "
             f"samples, {human_bytes(s.raw_bytes_per_shard)} raw, "
             f"{human_bytes(s.stored_bytes_per_shard)} stored each)",
@@ -188,16 +203,17 @@ def compare_with_run(
     *,
     hidden_size: int,
     num_aux: int = DEFAULT_AUX_LAYERS,
-    ratio: float = DEFAULT_RATIO,
+    ratio: float | None = None,
     samples: int | None = None,
     mean_tokens: float | None = None,
+    codec: str = DEFAULT_CODEC,
 ) -> RunCheck:
     """The projection next to a finished run's measured tokens and bytes on disk.
 
     Samples and mean tokens default to the run's own, so the error left is the ratio's alone.
     """
     results = Path(results)
-    status = extraction_status(results, num_aux=num_aux, hidden_size=hidden_size)
+    status = extraction_status(results, num_aux=num_aux, hidden_size=hidden_size, codec=codec)
     if status.shards_done < status.shards_total or not status.tokens_total_exact:
         raise InputError(
             f"--results {results}: {status.shards_done}/{status.shards_total} shards extracted; "
@@ -211,6 +227,7 @@ def compare_with_run(
         ratio=ratio,
         samples=samples or run_samples,
         mean_tokens=mean_tokens or status.tokens_total / run_samples,
+        codec=codec,
     )
     pairs = [
         ("samples", sizing.samples, run_samples),
@@ -292,10 +309,15 @@ def main(argv: list[str] | None = None) -> None:
         "--mean-tokens", type=_positive(float), help="mean prompt + response tokens per sample"
     )
     data.add_argument(
+        "--codec",
+        choices=sorted(CODECS),
+        help=f"extract.codec (default: the config's with --results, else {DEFAULT_CODEC})",
+    )
+    data.add_argument(
         "--ratio",
         type=_positive(float),
-        default=DEFAULT_RATIO,
-        help=f"compression ratio raw/stored (default {DEFAULT_RATIO}, measured on the demo)",
+        help=f"compression ratio raw bf16 / stored (default {DEFAULT_RATIO}; "
+        f"{DEFAULT_FP8_RATIO} with a lossy fp8 codec)",
     )
     jobs = parser.add_argument_group("shard size")
     jobs.add_argument(
@@ -324,6 +346,7 @@ def main(argv: list[str] | None = None) -> None:
         _model_shape(parser, args.model) if args.model else (args.layers, args.hidden)
     )
     num_aux = args.num_aux
+    codec = args.codec or DEFAULT_CODEC
 
     if args.results:
         if not (args.results / "plan" / "plan.json").is_file():
@@ -333,7 +356,9 @@ def main(argv: list[str] | None = None) -> None:
 
             if not args.config.is_file():
                 parser.error(f"--config: {args.config} not found (or give --model or --hidden)")
-            num_aux, hidden = target_shape(yaml.safe_load(args.config.read_text()), args.results)
+            config = yaml.safe_load(args.config.read_text())
+            num_aux, hidden = target_shape(config, args.results)
+            codec = args.codec or (config.get("extract") or {}).get("codec") or DEFAULT_CODEC
         try:
             check = compare_with_run(
                 args.results,
@@ -342,6 +367,7 @@ def main(argv: list[str] | None = None) -> None:
                 ratio=args.ratio,
                 samples=args.samples,
                 mean_tokens=args.mean_tokens,
+                codec=codec,
             )
         except InputError as err:
             sys.exit(f"error: {err}")
@@ -364,6 +390,7 @@ def main(argv: list[str] | None = None) -> None:
         tokens_per_s=args.tokens_per_s,
         job_hours=args.job_hours or 1.0,
         num_layers=num_layers,
+        codec=codec,
     )
     print(json.dumps(asdict(sizing), indent=2) if args.json else format_sizing(sizing))
 

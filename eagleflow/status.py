@@ -29,9 +29,22 @@ DEFAULT_AUX_LAYERS = 3
 TOKEN_OVERHEAD_BYTES = 5
 
 
-def raw_bytes_per_token(num_aux: int, hidden_size: int) -> int:
-    """Uncompressed bytes one token takes in a shard: aux + last layer in bf16, id and mask."""
-    return (num_aux + 1) * hidden_size * 2 + TOKEN_OVERHEAD_BYTES
+def raw_bytes_per_token(num_aux: int, hidden_size: int, value_bytes: int = 2) -> int:
+    """Uncompressed bytes one token takes in a shard: aux + last layer in bf16 (`value_bytes`
+    per value: 1 for fp8 codes), id and mask."""
+    return (num_aux + 1) * hidden_size * value_bytes + TOKEN_OVERHEAD_BYTES
+
+
+def uncompressed_ratio(codec: str | None, num_aux: int, hidden_size: int) -> float:
+    """Raw (bf16) over stored bytes of a codec whose compressor gains nothing: 1 for lossless
+    codecs, about 2 for fp8 codes (a byte per value; the per-chunk scales are negligible).
+    What a projection assumes before any shard has been measured: high, never low."""
+    from eagleflow.shards import LOSSY_CODECS
+
+    if codec not in LOSSY_CODECS:
+        return 1.0
+    raw = raw_bytes_per_token(num_aux, hidden_size)
+    return raw / raw_bytes_per_token(num_aux, hidden_size, value_bytes=1)
 
 
 def free_bytes(path: str | Path) -> int:
@@ -92,8 +105,12 @@ def extraction_status(
     hidden_size: int,
     window: int = 8,
     first_done: int | None = None,
+    codec: str | None = None,
 ) -> ExtractionStatus:
     """Progress of the extract stage under `results/` (plan, tokens and hidden shards).
+
+    `codec`: the configured one, for the projection before any shard is measured (None: a
+    lossless one).
 
     `first_done` counts only that many extracted shards, those that finished first: the status
     as it stood then, to check an early projection against a finished run.
@@ -115,7 +132,8 @@ def extraction_status(
     raw_done = tokens_done * per_token
     ratio = raw_done / stored if stored else None
     # Before any shard exists, assume no compression: a projection may be high, never low.
-    projected = int(tokens_total * per_token / (ratio or 1.0))
+    floor = uncompressed_ratio(codec, num_aux, hidden_size)
+    projected = int(tokens_total * per_token / (ratio or floor))
     remaining = max(projected - stored, 0)
     rate = None
     recent = sorted(done)[-window:]
@@ -191,7 +209,8 @@ def disk_preflight(config: dict, results: str | Path, log: logging.Logger) -> No
     """Log the extraction status, then `preflight` with the configured margin (the first step of
     every job that writes a shard)."""
     num_aux, hidden_size = target_shape(config, results)
-    status = extraction_status(results, num_aux=num_aux, hidden_size=hidden_size)
+    codec = config["extract"]["codec"]
+    status = extraction_status(results, num_aux=num_aux, hidden_size=hidden_size, codec=codec)
     log.info("before this shard:\n%s", format_status(status))
     preflight(status, margin_bytes=int(config["extract"]["disk_margin_gb"] * 1e9))
 
@@ -241,8 +260,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--config", default="config.yaml", type=Path)
     parser.add_argument("--json", action="store_true", help="print JSON instead of text")
     args = parser.parse_args(argv)
-    num_aux, hidden_size = target_shape(yaml.safe_load(args.config.read_text()), args.results)
-    status = extraction_status(args.results, num_aux=num_aux, hidden_size=hidden_size)
+    config = yaml.safe_load(args.config.read_text())
+    num_aux, hidden_size = target_shape(config, args.results)
+    codec = (config.get("extract") or {}).get("codec")
+    status = extraction_status(args.results, num_aux=num_aux, hidden_size=hidden_size, codec=codec)
     print(json.dumps(asdict(status), indent=2) if args.json else format_status(status))
 
 

@@ -46,9 +46,10 @@ def verify_results(results: str | Path) -> dict[str, list[str]]:
 
 
 def repair_command(results: Path, bad_shards: list[str]) -> str:
-    """Snakemake command that regenerates exactly these shards and then what depends on them."""
+    """The command that regenerates exactly these shards (see eagleflow.repair): what depends
+    on them reruns only if a shard comes back different from what it consumed."""
     paths = [str(results / "hidden" / f"shard-{s}.zarr") for s in bad_shards]
-    return shlex.join(["snakemake", "--cores", "all", "--forcerun", *paths])
+    return shlex.join(["python", "-m", "eagleflow.repair", *paths])
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -76,11 +76,15 @@ aux_layer_ids()
 # no extract rule exists.
 ONE_PASS = config["extract"]["capture"] == "during_generation"
 HIDDEN_SHARD = "results/hidden/shard-{shard}.zarr"
+# Written by the shard writer next to the store (eagleflow.shards.manifest_path).
+HIDDEN_MANIFEST = "results/hidden/shard-{shard}.sha256"
 
 
 def one_pass_outputs():
-    """The generate rule's extra output in one pass: the shard's hidden states."""
-    return {"hidden": directory(HIDDEN_SHARD)} if ONE_PASS else {}
+    """The generate rule's extra outputs in one pass: the shard's hidden states and manifest."""
+    if not ONE_PASS:
+        return {}
+    return {"hidden": directory(HIDDEN_SHARD), "manifest": HIDDEN_MANIFEST}
 
 
 def one_pass_params():

@@ -1,5 +1,6 @@
 # Hidden states of every token of a shard: aux layers + the last layer (pre-norm), one
-# compressed, checksummed zarr store per shard, written under a temporary name and renamed.
+# compressed, checksummed zarr store per shard, written under a temporary name and renamed, and
+# its manifest (sha256 per file: what `python -m eagleflow.repair` compares a new shard with).
 # In one pass the generate jobs write the shards instead.
 
 
@@ -10,7 +11,8 @@ if not ONE_PASS:
             tokens="results/tokens/shard-{shard}.jsonl",
             model=target_model_dir,
         output:
-            directory("results/hidden/shard-{shard}.zarr"),
+            hidden=directory(HIDDEN_SHARD),
+            manifest=HIDDEN_MANIFEST,
         log:
             "results/logs/extract/shard-{shard}.log",
         benchmark:

@@ -12,7 +12,7 @@ if __name__ == "__main__":  # vLLM spawns worker processes that re-import this m
         summary = extract_shard(
             snakemake.input.tokens,
             snakemake.input.model,
-            snakemake.output[0],
+            snakemake.output.hidden,
             backend=params.backend,
             layer_ids=params.aux_layer_ids,
             codec=params.codec,

@@ -66,7 +66,8 @@ def test_changed_layer_ids_rerun_every_extract_job_only(demo_run: Path) -> None:
         config.write_text(original)
     stores = hidden_stores(demo_run)
     assert scheduled_outputs(dry, "results/") == sorted(
-        [f"results/hidden/shard-{s}.zarr" for s in stores] + TRAINING_AND_DOWNSTREAM
+        [f"results/hidden/shard-{s}.{ext}" for s in stores for ext in ("zarr", "sha256")]
+        + TRAINING_AND_DOWNSTREAM
     )
     assert "Params have changed since last execution" in dry
     assert bad.returncode != 0
@@ -91,6 +92,34 @@ def test_extraction_refuses_to_start_without_disk(demo_copy: Path) -> None:
     assert not stores["00000"].exists()
 
 
+def test_repaired_shard_that_comes_back_different_makes_its_dependants_stale(
+    demo_copy: Path,
+) -> None:
+    """The other branch of the repair: when the regenerated store differs from the manifest
+    recorded when training consumed it (here the record is altered: the store is rebuilt
+    identical to the altered record's original), its new mtime makes exactly the training and
+    what follows stale, and the repair says so."""
+    store = hidden_stores(demo_copy)["00001"]
+    manifest = store.with_suffix(".sha256")
+    lines = manifest.read_text().splitlines()
+    digest, name = lines[0].split("  ", 1)
+    lines[0] = f"{'0' * len(digest)}  {name}"  # as if the consumed store had other bytes
+    manifest.write_text("\n".join(lines) + "\n")
+    shutil.rmtree(store / "aux")  # and damage the store
+    repair = subprocess.run(
+        [sys.executable, "-m", "eagleflow.repair", "results/hidden/shard-00001.zarr",
+         "--cores", "2", "--", "--snakefile", str(REPO / "Snakefile")],
+        cwd=demo_copy, capture_output=True, text=True,
+    )  # fmt: skip
+    assert repair.returncode == 0, repair.stdout + repair.stderr
+    assert "repair: rerun extract -> results/hidden/shard-00001.zarr" in repair.stdout
+    assert "results/hidden/shard-00001.zarr came back different (content differs)" in repair.stdout
+    assert "now stale, to be rerun by `snakemake`: evaluate_offline, evaluate_serving, " \
+        "report_plots, train" in repair.stdout  # fmt: skip
+    dry = run_snakemake(demo_copy, "-n").stdout
+    assert scheduled_outputs(dry, "results/") == sorted(TRAINING_AND_DOWNSTREAM)
+
+
 def test_changed_generation_key_reschedules_extraction_downstream(demo_run: Path) -> None:
     config = demo_run / "config.yaml"
     original = config.read_text()
@@ -99,7 +128,7 @@ def test_changed_generation_key_reschedules_extraction_downstream(demo_run: Path
         dry = run_snakemake(demo_run, "-n").stdout
     finally:
         config.write_text(original)
-    assert len(scheduled_outputs(dry, "results/hidden/")) == len(hidden_stores(demo_run))
+    assert len(scheduled_outputs(dry, "results/hidden/")) == 2 * len(hidden_stores(demo_run))
 
 
 def test_server_mode_extracts_every_shard_with_one_model_load(

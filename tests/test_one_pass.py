@@ -48,6 +48,10 @@ def shard_paths(workdir: Path) -> list[str]:
     return [f"results/hidden/shard-{s}.zarr" for s in planned_shards(workdir)]
 
 
+def manifest_paths(workdir: Path) -> list[str]:
+    return [f"results/hidden/shard-{s}.sha256" for s in planned_shards(workdir)]
+
+
 def test_switching_to_one_pass_reruns_generation_and_no_extract_job(one_pass_run: Path) -> None:
     dry = (one_pass_run / "switch-dry-run.txt").read_text()
     shards = planned_shards(one_pass_run)
@@ -57,6 +61,7 @@ def test_switching_to_one_pass_reruns_generation_and_no_extract_job(one_pass_run
     assert scheduled_outputs(dry, "results/") == sorted(
         [
             *shard_paths(one_pass_run),
+            *manifest_paths(one_pass_run),
             *responses,
             *tokens,
             *counts,
@@ -118,6 +123,9 @@ def test_corrupt_one_pass_shard_is_regenerated_bit_identically(
     assert result.detected == sorted(result.injected)
     assert result.rescheduled_shards == sorted(result.injected)
     assert not result.differing, result.summary()  # regenerated: sha256 of every file equal
+    # The generate job also rewrote the shard's responses, identically: nothing downstream
+    # (prepare, training, evaluation) is stale.
+    assert not result.touched_downstream and not result.scheduled_after, result.repair_output
     assert not result.verify_after
 
 
@@ -129,7 +137,9 @@ def test_switching_back_reschedules_every_extract_job(one_pass_run: Path) -> Non
         dry = run_snakemake(one_pass_run, "-n").stdout
     finally:
         config.write_text(original)
-    assert sorted(scheduled_outputs(dry, "results/hidden/")) == shard_paths(one_pass_run)
+    assert sorted(scheduled_outputs(dry, "results/hidden/")) == sorted(
+        shard_paths(one_pass_run) + manifest_paths(one_pass_run)
+    )
     assert dry.count("rule extract:") == len(shard_paths(one_pass_run))
 
 

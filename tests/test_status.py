@@ -99,7 +99,7 @@ def test_verify_names_the_corrupt_and_missing_shards_and_the_repair_command(
     assert verify_main(["--results", str(results)]) == 1
     out = capsys.readouterr().out
     assert (
-        f"snakemake --cores all --forcerun {results}/hidden/shard-00001.zarr "
+        f"python -m eagleflow.repair {results}/hidden/shard-00001.zarr "
         f"{results}/hidden/shard-00003.zarr"
     ) in out
 

@@ -1,0 +1,140 @@
+"""Lossy fp8 shards (`extract.codec: fp8-e4m3`) against the lossless default, on a finished run.
+
+A copy of the finished run (`--reference`, extracted with a lossless codec) is switched to
+fp8 storage and run again by the workflow itself: every extract job, the drafter's training
+(same seed, steps and samples: only the shards differ) and both evaluations, the served one in
+vLLM. Side by side it prints:
+  - stored bytes per token of the activations against raw bf16 (goal for fp8: <= 0.40);
+  - the reconstruction error of every stored layer, ||fp8 - bf16|| / ||bf16|| per sample
+    (mean and max over samples; `eagleflow.compare`);
+  - the held-out acceptance rate of the first draft position, offline and served mean
+    acceptance length of the two drafters (goal: fp8 served within 1% of lossless).
+
+    .venv/bin/python bench/fp8.py --reference /path/to/run --workdir /tmp/fp8 --json out.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import shutil
+import sys
+from pathlib import Path
+
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from eagleflow.compare import compare_shards  # noqa: E402
+from eagleflow.faults import planned_shards, snakemake  # noqa: E402
+from eagleflow.shards import open_shard  # noqa: E402
+
+CODEC = "fp8-e4m3"
+# Made again from the shards in the copy: a resumed checkpoint would skip the training.
+RECOMPUTED = ("results/hidden", "results/checkpoints", "results/drafter", "results/eval")
+
+
+def storage(run: Path) -> dict:
+    """Activation bytes per token stored and raw (bf16), over all shards of `run`."""
+    tokens = stored = raw = 0
+    for shard in planned_shards(run):
+        s = open_shard(run / f"results/hidden/shard-{shard}.zarr")
+        tokens += s.num_tokens
+        stored += s.nbytes_stored(("aux", "last"))
+        raw += s.nbytes_raw(("aux", "last"))
+    return {
+        "codec": s.attrs["codec"],
+        "tokens": tokens,
+        "stored_bytes_per_token": round(stored / tokens, 2),
+        "raw_bytes_per_token": round(raw / tokens, 2),
+        "stored_over_raw": round(stored / raw, 4),
+    }
+
+
+def reconstruction(fp8_run: Path, reference: Path) -> dict:
+    """Relative error of every stored layer: mean over samples (weighted by samples per shard)
+    and the worst sample."""
+    samples, mean, worst = 0, {}, {}
+    for shard in planned_shards(reference):
+        path = f"results/hidden/shard-{shard}.zarr"
+        c = compare_shards(fp8_run / path, reference / path, tolerance=1.0)
+        if c.ids_differ:
+            raise RuntimeError(f"{path}: token ids differ between the runs: {c.ids_differ[:3]}")
+        for layer, error in c.mean_relative_error.items():
+            mean[layer] = mean.get(layer, 0.0) + error * c.samples_compared
+            worst[layer] = max(worst.get(layer, 0.0), c.max_relative_error[layer])
+        samples += c.samples_compared
+    return {
+        "samples": samples,
+        "mean_relative_error": {k: round(v / samples, 5) for k, v in mean.items()},
+        "max_relative_error": {k: round(v, 5) for k, v in worst.items()},
+    }
+
+
+def drafter(run: Path) -> dict:
+    """What the run's own evaluations measured, and its training time."""
+    offline = json.loads((run / "results/eval/offline.json").read_text())
+    served = json.loads((run / "results/eval/serving.json").read_text())
+    with open(run / "results/benchmarks/train.tsv") as rows:
+        seconds = float(next(csv.DictReader(rows, delimiter="\t"))["s"])
+    k = served["served"]["k"]
+    estimate = offline["by_k"][str(k)]
+    return {
+        "k": k,
+        "offline_first_position_rate": round(estimate["per_position"][0], 4),
+        "offline_mean_acceptance_length": round(estimate["mean_acceptance_length"], 4),
+        "served_mean_acceptance_length": round(served["served"]["mean_acceptance_length"], 4),
+        "served_per_position": [round(x, 4) for x in served["served"]["per_position"]],
+        "train_seconds": round(seconds, 1),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--reference", type=Path, default=REPO, help="a finished lossless run")
+    parser.add_argument("--workdir", type=Path, default=Path("/tmp/eagleflow-fp8"))
+    parser.add_argument("--json", type=Path)
+    args = parser.parse_args()
+
+    reference = args.reference.resolve()
+    config = yaml.safe_load((reference / "config.yaml").read_text())
+    lossless_codec = (config.get("extract") or {}).get("codec", "shuffle-zstd1")
+    if lossless_codec == CODEC:
+        sys.exit(f"--reference {reference}: extracted with {CODEC} already; give a lossless run")
+    run = args.workdir / "fp8-run"
+    shutil.rmtree(args.workdir, ignore_errors=True)
+    shutil.copytree(
+        reference,
+        run,
+        symlinks=True,
+        ignore=lambda d, names: [n for n in names if Path(d, n).relative_to(reference).as_posix()
+                                 in RECOMPUTED],
+    )  # fmt: skip
+    config.setdefault("extract", {})["codec"] = CODEC
+    (run / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
+    snakemake(run, timeout=4 * 3600)
+
+    result = {
+        "storage": {"lossless": storage(reference), "fp8": storage(run)},
+        "reconstruction": reconstruction(run, reference),
+        "drafter": {"lossless": drafter(reference), "fp8": drafter(run)},
+    }
+    served = {name: d["served_mean_acceptance_length"] for name, d in result["drafter"].items()}
+    result["served_relative_drop"] = round(1 - served["fp8"] / served["lossless"], 4)
+    result["fp8_stored_over_raw"] = result["storage"]["fp8"]["stored_over_raw"]
+    print(json.dumps(result, indent=2))
+    s, d = result["storage"], result["drafter"]
+    print(
+        f"stored / raw bf16: lossless {s['lossless']['stored_over_raw']:.3f}, fp8 "
+        f"{s['fp8']['stored_over_raw']:.3f} (goal <= 0.40); served acceptance K={d['fp8']['k']}: "
+        f"lossless {served['lossless']:.3f}, fp8 {served['fp8']:.3f} "
+        f"(drop {result['served_relative_drop']:+.2%}; goal <= 1%)"
+    )
+    if args.json:
+        args.json.write_text(json.dumps(result, indent=2))
+
+
+if __name__ == "__main__":
+    main()
