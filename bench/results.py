@@ -5,8 +5,9 @@ Each script runs in a subprocess of its own, with its default (quick) arguments 
 finished demo run (`--results`), and writes its figures with `--json`. Scripts run strictly one
 at a time: on a 2-core machine two would slow each other down and skew every timing. A script
 that fails gets "failed: <last line of its stderr>" in its table and the others still run; the
-exit status is then 1. `faults` (kill -9 and corruption trials) and `one_pass` (the workflow
-twice, and three drafter trainings) are long and run only when named in `--only`.
+exit status is then 1. `faults` (kill -9 and corruption trials), `one_pass` (the workflow
+twice, and three drafter trainings) and `fp8` (extraction, training and serving again with fp8
+shards) are long and run only when named in `--only`.
 
     .venv/bin/python bench/results.py --results results          # everything but faults
     .venv/bin/python bench/results.py --only dag_scale --dag-shards 10,100 --out /tmp/R.md
@@ -44,6 +45,11 @@ GOAL_PROJECTION_ERROR = 0.02  # tests/test_status.py
 GOAL_LOADER_RATIO = 3.0
 GOAL_DAG_SHARDS, GOAL_DAG_SECONDS = 1000, 15.0
 GOAL_NOOP_SECONDS = 5.0
+# Issue 23: fp8 shards at most 0.40 of raw bf16, and at most 1% less served acceptance; the
+# direct chunk I/O kept only if it beats zarr's API by 1.3x.
+GOAL_FP8_STORED_OVER_RAW = 0.40
+GOAL_FP8_SERVED_DROP = 0.01
+GOAL_DIRECT_CHUNK_IO = 1.3
 # evaluate.tolerance's default: the serving check fails a served acceptance this far below
 # the offline estimate.
 SERVING_TOLERANCE = 0.03
@@ -447,6 +453,68 @@ def codecs_rows(f: dict) -> list[Row]:
     return rows
 
 
+def chunk_io_rows(f: dict) -> list[Row]:
+    rows = [Row("data", f"{f['raw_mb_per_round']:.1f} MB a round, {f['rounds']} rounds: "
+                f"{f['source']}", key="source")]  # fmt: skip
+    for codec in sorted({key.split(".")[0] for key in f if "." in key}):
+        for op in ("write", "read"):
+            key = f"{codec}.{op}_direct_over_zarr"
+            rows.append(
+                Row(
+                    f"{codec}: {op} MB/s direct / zarr API; ratio (min-max over rounds)",
+                    f"{f[f'{codec}.{op}_direct_mb_s']:,.0f} / {f[f'{codec}.{op}_zarr_mb_s']:,.0f}; "
+                    f"{f[key]:.2f} ({f[key + '_min']:.2f}-{f[key + '_max']:.2f})",
+                    f">= {GOAL_DIRECT_CHUNK_IO:g}" if codec == "shuffle-zstd1" else "",
+                    f[key] >= GOAL_DIRECT_CHUNK_IO if codec == "shuffle-zstd1" else None,
+                    key,
+                )
+            )
+    return rows
+
+
+def fp8_rows(f: dict) -> list[Row]:
+    s, d, r = f["storage"], f["drafter"], f["reconstruction"]
+    layers = ", ".join(
+        f"{layer} {r['mean_relative_error'][layer]:.4f} ({r['max_relative_error'][layer]:.4f})"
+        for layer in r["mean_relative_error"]
+    )
+    k = d["fp8"]["k"]
+    return [
+        Row(
+            "stored / raw bf16 bytes per token of the activations: lossless; fp8",
+            f"{s['lossless']['stored_over_raw']:.3f} ({s['lossless']['codec']}); "
+            f"{s['fp8']['stored_over_raw']:.3f}",
+            f"fp8 <= {GOAL_FP8_STORED_OVER_RAW:g}",
+            s["fp8"]["stored_over_raw"] <= GOAL_FP8_STORED_OVER_RAW,
+            "storage",
+        ),
+        Row(
+            f"relative error per layer, mean (max) over {r['samples']} samples",
+            layers,
+            key="reconstruction",
+        ),
+        Row(
+            f"offline mean acceptance length K={k}: lossless; fp8",
+            f"{d['lossless']['offline_mean_acceptance_length']:.3f}; "
+            f"{d['fp8']['offline_mean_acceptance_length']:.3f}",
+            key="drafter.*.offline_mean_acceptance_length",
+        ),
+        Row(
+            f"served mean acceptance length K={k} (vLLM): lossless; fp8; relative drop",
+            f"{d['lossless']['served_mean_acceptance_length']:.3f}; "
+            f"{d['fp8']['served_mean_acceptance_length']:.3f}; {f['served_relative_drop']:+.2%}",
+            f"drop <= {GOAL_FP8_SERVED_DROP:.0%}",
+            f["served_relative_drop"] <= GOAL_FP8_SERVED_DROP,
+            "served_relative_drop",
+        ),
+        Row(
+            "train job, s: lossless; fp8 (same seed, steps, samples)",
+            f"{d['lossless']['train_seconds']:,.0f}; {d['fp8']['train_seconds']:,.0f}",
+            key="drafter.*.train_seconds",
+        ),
+    ]
+
+
 def faults_rows(f: dict) -> list[Row]:
     injected = f["corruptions_injected"]
     return [
@@ -571,6 +639,21 @@ BENCHES = [
         by_default=False,
     ),
     Bench("codecs", "Codecs", "codecs.py", model_args, codecs_rows),
+    Bench(
+        "chunk_io",
+        "Chunk I/O: direct chunk files vs zarr's API",
+        "chunk_io.py",
+        lambda a: ["--shard", str(a.results / "hidden/shard-00000.zarr"), "--rounds", "15"],
+        chunk_io_rows,
+    ),
+    Bench(
+        "fp8",
+        "Lossy fp8 storage",
+        "fp8.py",
+        lambda a: ["--reference", str(Path(a.results).resolve().parent)],
+        fp8_rows,
+        by_default=False,
+    ),
     Bench(
         "faults",
         "Fault tallies",

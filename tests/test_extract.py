@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 import torch
 
+from eagleflow.compare import compare_shards
 from eagleflow.extract import (
     SCRATCH_PREFIX,
     _remove_stale_scratch,
@@ -315,3 +316,22 @@ def test_vllm_and_hf_backends_agree(
     print(f"vllm vs hf backend: {errors}; HF bf16 vs float32: {bf16_noise}")
     for k, error in errors.items():
         assert error < min(2 * bf16_noise[k], TOL_BACKENDS), (k, errors, bf16_noise)
+
+
+def test_fp8_extraction_stays_within_e4m3s_error_of_the_lossless_shard(
+    hf_shard: Path, target: Path, tokens_jsonl: Path, tmp_path: Path
+) -> None:
+    """`extract.codec: fp8-e4m3` through the extract stage: the same samples and ids, a clean,
+    lossy-marked shard, and every layer within e4m3's rounding of the lossless states."""
+    out = tmp_path / "fp8.zarr"
+    summary = extract_shard(
+        tokens_jsonl, target, out, backend="hf", layer_ids=AUX_IDS, batch_tokens=512,
+        codec="fp8-e4m3",
+    )  # fmt: skip
+    assert verify_shard(out) == []
+    shard = open_shard(out)
+    assert shard.attrs["codec"] == "fp8-e4m3" and shard.attrs["lossy"] is True
+    comparison = compare_shards(out, hf_shard, tolerance=0.04)
+    assert comparison.identical_ids == comparison.samples_compared == len(shard)
+    assert comparison.ok, comparison.beyond_tolerance[:5]
+    assert summary["activation_ratio"] > 1.9  # against bf16: fp8 codes, then zstd

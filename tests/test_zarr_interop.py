@@ -5,9 +5,10 @@ The foreign reader runs in a subprocess that imports nothing of this project, wa
 (array names found by iterating it, not taken from the format) and dumps every array to an
 .npz file; the test compares those arrays with what `open_shard` returns, and the token ids,
 mask and offsets with the data appended.
-Comparisons are exact (same dtype, bit-identical values) and nothing is skipped: a codec whose
-stored arrays are not what `sample_rows` returns (a lossy or transforming codec, say) fails here
-until an explicit decode step for other readers is written and tested.
+Comparisons are exact (same dtype, bit-identical values) and nothing is skipped. The lossy
+fp8 codec stores codes and scales, not what `sample_rows` returns: for it the test decodes the
+plain reader's arrays with numpy alone, by the formula the README gives other readers, and
+that must give `sample_rows`' bf16 bit patterns exactly.
 """
 
 from __future__ import annotations
@@ -22,7 +23,17 @@ import numpy as np
 import pytest
 import torch
 
-from eagleflow.shards import ARRAY_DTYPES, CODECS, TOKEN_ARRAYS, ShardWriter, open_shard
+from eagleflow.shards import (
+    ACTIVATIONS,
+    ARRAY_DTYPES,
+    CODECS,
+    LOSSY_CODECS,
+    SCALE_SUFFIX,
+    TOKEN_ARRAYS,
+    ShardWriter,
+    open_shard,
+    stored_arrays,
+)
 
 A, H = 3, 8
 CHUNK_BYTES = 4096  # aux: 85 rows a chunk, last: 256, input_ids: 1024, loss_mask: 4096
@@ -89,6 +100,31 @@ def make_samples(seed: int = 0) -> list[dict]:
             }
         )
     return samples
+
+
+def e4m3_to_float32(codes: np.ndarray) -> np.ndarray:
+    """float8_e4m3fn codes decoded with numpy alone: sign, 4 exponent bits (bias 7), 3 mantissa
+    bits; exponent 0 is subnormal (m/8 * 2^-6); 0x7F/0xFF are NaN (never written)."""
+    sign = np.where(codes & 0x80, -1.0, 1.0)
+    exponent = (codes >> 3) & 0xF
+    mantissa = (codes & 0x7).astype(np.float64) / 8
+    magnitude = np.where(
+        exponent == 0, mantissa * 2.0**-6, (1 + mantissa) * 2.0 ** (exponent.astype(int) - 7)
+    )
+    return (sign * magnitude).astype(np.float32)
+
+
+def float32_to_bf16_bits(values: np.ndarray) -> np.ndarray:
+    """Round to nearest even, as torch rounds float32 to bf16 (finite values)."""
+    bits = values.astype(np.float32).view(np.uint32).astype(np.uint64)
+    return ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype(np.uint16)
+
+
+def decode_fp8(codes: np.ndarray, scales: np.ndarray, rows_per_chunk: int) -> np.ndarray:
+    """What another reader does with an fp8 shard's `aux`/`last`: codes times the scale row of
+    their chunk, rounded to bf16 (README, "Lossy fp8 storage")."""
+    chunk_of_row = np.arange(len(codes)) // rows_per_chunk
+    return float32_to_bf16_bits(e4m3_to_float32(codes) * scales[chunk_of_row])
 
 
 def token_data(samples: list[dict]) -> dict[str, np.ndarray]:
@@ -158,11 +194,14 @@ def test_plain_zarr_reads_what_the_project_reads(
     meta = json.loads(dump.with_suffix(".json").read_text())
     with np.load(dump.with_suffix(".npz")) as npz:
         theirs = {name: npz[name] for name in npz.files}
-    assert set(theirs) == set(meta["names"]) == set(ARRAY_DTYPES), (
+    declared = stored_arrays(codec)
+    assert set(theirs) == set(meta["names"]) == set(declared), (
         f"{codec}: plain zarr finds arrays {sorted(theirs)}; the format declares "
-        f"{sorted(ARRAY_DTYPES)}. A codec that stores other arrays (a lossy one's codes and "
-        "scales, say) needs an explicit, documented decode step for other readers, here."
+        f"{sorted(declared)}. A codec that stores other arrays needs an explicit, documented "
+        "decode step for other readers, here."
     )
+    for name, dtype in declared.items():
+        assert theirs[name].dtype == np.dtype(dtype), f"{codec}: {name} is {theirs[name].dtype}"
 
     shard = open_shard(path)
     assert meta["attrs"] == shard.attrs
@@ -171,6 +210,10 @@ def test_plain_zarr_reads_what_the_project_reads(
         rows = [shard.sample_rows(i, copy=True)[name] for i in range(shard.num_samples)]
         ours[name] = np.concatenate(rows)
     want = token_data(samples)
+    if codec in LOSSY_CODECS:  # decoded by the documented formula, with numpy alone
+        for name in ACTIVATIONS:
+            rows = shard.arrays[name].chunks[0]
+            theirs[name] = decode_fp8(theirs[name], theirs[name + SCALE_SUFFIX], rows)
     for name, dtype in ARRAY_DTYPES.items():
         assert theirs[name].dtype == ours[name].dtype == np.dtype(dtype), (
             f"{codec}: {name}: plain zarr gives {theirs[name].dtype}, "
