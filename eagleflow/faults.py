@@ -272,9 +272,9 @@ class CorruptionTrial:
     repair_output: str = ""
     differing: list[str] = field(default_factory=list)  # shards unlike the reference after repair
     # Outputs not made by the rerun jobs whose mtime the repair changed (should be none), and
-    # what `snakemake -n` schedules afterwards (should be nothing).
+    # what `snakemake -n` schedules afterwards but did not before the damage (should be none).
     touched_downstream: list[str] = field(default_factory=list)
-    scheduled_after: list[str] = field(default_factory=list)
+    newly_stale: list[str] = field(default_factory=list)
     verify_after: dict[str, list[str]] = field(default_factory=dict)
 
     @property
@@ -285,7 +285,7 @@ class CorruptionTrial:
             and self.rescheduled_shards == hit
             and not self.differing
             and not self.touched_downstream
-            and not self.scheduled_after
+            and not self.newly_stale
             and not self.verify_after
         )
 
@@ -295,7 +295,7 @@ class CorruptionTrial:
             f"injected {kinds}; verify named {len(self.detected)}/{len(self.injected)}; repair "
             f"reran {len(self.rescheduled_shards)} shard(s); {len(self.differing)} differ after "
             f"repair; {len(self.touched_downstream)} other outputs touched; "
-            f"{len(self.scheduled_after)} jobs stale after; "
+            f"{len(self.newly_stale)} outputs newly stale; "
             f"verify after: {len(self.verify_after)} problems"
             + (" -> passed" if self.passed else " -> FAILED")
         )
@@ -361,6 +361,7 @@ def corruption_trial(
     shutil.copytree(reference, workdir, symlinks=True)
     victims = rng.sample(planned_shards(workdir), len(kinds))
     trial = CorruptionTrial(injected=dict(zip(victims, kinds, strict=True)))
+    stale_before = scheduled_outputs(snakemake(workdir, "-n").stdout, "results/")
     for shard, kind in trial.injected.items():
         corrupt_shard(workdir / f"results/hidden/shard-{shard}.zarr", kind, rng)
     check = subprocess.run(
@@ -394,7 +395,8 @@ def corruption_trial(
             p for p in before.keys() & after.keys()
             if before[p] != after[p] and not any(p == m or p.startswith(m + "/") for m in made)
         )  # fmt: skip
-        trial.scheduled_after = scheduled_outputs(snakemake(workdir, "-n").stdout, "results/")
+        stale_after = scheduled_outputs(snakemake(workdir, "-n").stdout, "results/")
+        trial.newly_stale = sorted(set(stale_after) - set(stale_before))
     trial.verify_after = verify_results(workdir / "results")
     for shard in victims:
         path = f"results/hidden/shard-{shard}.zarr"

@@ -68,6 +68,6 @@ def test_corrupt_shard_is_named_and_repaired_bit_identically(
     assert result.rescheduled_shards == sorted(result.injected), result.repair_output
     assert not result.differing, result.summary()  # sha256 of every file equal
     assert not result.touched_downstream, result.touched_downstream
-    assert not result.scheduled_after, result.scheduled_after
+    assert not result.newly_stale, result.newly_stale
     assert "identical to what was consumed" in result.repair_output
     assert not result.verify_after, result.verify_after

@@ -125,7 +125,7 @@ def test_corrupt_one_pass_shard_is_regenerated_bit_identically(
     assert not result.differing, result.summary()  # regenerated: sha256 of every file equal
     # The generate job also rewrote the shard's responses, identically: nothing downstream
     # (prepare, training, evaluation) is stale.
-    assert not result.touched_downstream and not result.scheduled_after, result.repair_output
+    assert not result.touched_downstream and not result.newly_stale, result.repair_output
     assert not result.verify_after
 
 
