@@ -10,7 +10,6 @@ CI; `bench/faults.py` runs many and prints the tallies.
 from __future__ import annotations
 
 import csv
-import hashlib
 import json
 import os
 import random
@@ -24,6 +23,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from eagleflow.files import sha256_file
+from eagleflow.repair import planned_jobs
 from eagleflow.shards import store_checksums, verify_shard
 from eagleflow.verify import verify_results
 
@@ -62,7 +63,7 @@ def checksums(path: Path) -> dict[str, str]:
         sums = store_checksums(path)
         sums.pop(".snakemake_timestamp", None)
         return sums
-    return {path.name: hashlib.sha256(path.read_bytes()).hexdigest()}
+    return {path.name: sha256_file(path)}
 
 
 def snakemake_command(workdir: Path, *args: str) -> list[str]:
@@ -94,12 +95,8 @@ def snakemake(workdir: Path, *args: str, timeout: float = 1800) -> subprocess.Co
 
 def scheduled_outputs(dry_run_stdout: str, prefix: str) -> list[str]:
     """Output paths starting with `prefix` that a `snakemake -n` listing schedules."""
-    outputs = []
-    for line in dry_run_stdout.splitlines():
-        line = line.strip()
-        if line.startswith("output: "):
-            outputs += [p for p in line[len("output: ") :].split(", ") if p.startswith(prefix)]
-    return sorted(outputs)
+    jobs = planned_jobs(dry_run_stdout)
+    return sorted(out for job in jobs for out in job.outputs if out.startswith(prefix))
 
 
 def planned_shards(workdir: Path) -> list[str]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
 import shutil
@@ -37,6 +38,12 @@ def atomic_output(final: str | Path) -> Iterator[Path]:
     if final.is_dir() and tmp.is_dir():
         _remove(final)
     os.replace(tmp, final)
+
+
+def sha256_file(path: str | Path) -> str:
+    """The sha256 of a file's bytes, as hex."""
+    with open(path, "rb") as stream:
+        return hashlib.file_digest(stream, "sha256").hexdigest()
 
 
 def write_json(path: str | Path, obj: Any) -> None:

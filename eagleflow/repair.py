@@ -18,13 +18,13 @@ Arguments after `--` go to every Snakemake call (e.g. `--configfile`, `--profile
 from __future__ import annotations
 
 import argparse
-import hashlib
 import os
 import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from eagleflow.files import sha256_file
 from eagleflow.shards import manifest_mismatches, manifest_path, read_manifest
 
 # The file whose mtime Snakemake takes for a directory output.
@@ -34,11 +34,6 @@ DIR_TIMESTAMP = ".snakemake_timestamp"
 def _mtime_carrier(path: Path) -> Path:
     marker = path / DIR_TIMESTAMP
     return marker if path.is_dir() and marker.exists() else path
-
-
-def _file_sha256(path: Path) -> str:
-    with path.open("rb") as stream:
-        return hashlib.file_digest(stream, "sha256").hexdigest()
 
 
 @dataclass
@@ -80,7 +75,7 @@ def snapshot(output: Path) -> Before:
             return Before(_mtime_carrier(output).stat().st_mtime, digest)
         return Before(manifest.stat().st_mtime if manifest.exists() else None, digest)
     if output.is_file():
-        return Before(output.stat().st_mtime, _file_sha256(output))
+        return Before(output.stat().st_mtime, sha256_file(output))
     return Before(None, None)
 
 
@@ -89,7 +84,7 @@ def came_back_identical(output: Path, before: Before) -> bool:
         return False
     if output.suffix == ".zarr":  # the new store against the manifest of the old one
         return read_manifest(output) == before.digest and manifest_mismatches(output) == []
-    return _file_sha256(output) == before.digest
+    return sha256_file(output) == before.digest
 
 
 def restore_mtime(output: Path, mtime: float) -> None:

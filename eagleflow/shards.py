@@ -41,7 +41,7 @@ from zarr.codecs import BloscCodec, BytesCodec, Crc32cCodec, ZstdCodec
 from zarr.codecs.numcodecs import Shuffle
 from zarr.errors import ZarrUserWarning
 
-from eagleflow.files import atomic_output
+from eagleflow.files import atomic_output, sha256_file
 from eagleflow.fp8 import dequantize, quantize
 
 FORMAT_VERSION = 1
@@ -330,11 +330,19 @@ class _Fp8Column(_Column):
     """An activation array stored as fp8 codes, with its scale array (one row per chunk);
     each chunk is quantized where it is encoded (on the encode threads, if any)."""
 
-    def __init__(self, array: zarr.Array, scales: zarr.Array, directory: Path, *args) -> None:
-        super().__init__(array, directory, *args, dtype=np.uint16)
+    def __init__(
+        self,
+        array: zarr.Array,
+        scales: zarr.Array,
+        directory: Path,
+        submit: Callable[..., None],
+        pooled: bool,
+        digests: dict[Path, str],
+    ) -> None:
+        super().__init__(array, directory, submit, pooled, digests, dtype=np.uint16)
         self.scale_array = scales
         self.scale_files = _ChunkFiles.for_array(
-            scales, directory.with_name(scales.basename), args[-1]
+            scales, directory.with_name(scales.basename), digests
         )
         if self.files is None or self.scale_files is None:
             raise ValueError(f"{array.name}: fp8 arrays must be chunked along the token axis only")
@@ -742,19 +750,11 @@ def open_shard(path: str | Path, cache: ChunkCache | None = None) -> Shard:
     return Shard(path, cache)
 
 
-def _sha256(file: Path) -> str:
-    digest = hashlib.sha256()
-    with file.open("rb") as stream:
-        for block in iter(lambda: stream.read(2**20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 def _file_digests(root: Path, known: dict[Path, str] | None = None) -> dict[str, str]:
     """sha256 of every file under `root` by relative posix path; `known` ones are not reread."""
     known = known or {}
     return {
-        file.relative_to(root).as_posix(): known.get(file) or _sha256(file)
+        file.relative_to(root).as_posix(): known.get(file) or sha256_file(file)
         for file in sorted(p for p in root.rglob("*") if p.is_file())
     }
 
