@@ -507,12 +507,36 @@ def fp8_rows(f: dict) -> list[Row]:
             f["served_relative_drop"] <= GOAL_FP8_SERVED_DROP,
             "served_relative_drop",
         ),
+        *granularity_rows(f.get("scale_granularity", {})),
         Row(
             "train job, s: lossless; fp8 (same seed, steps, samples)",
             f"{d['lossless']['train_seconds']:,.0f}; {d['fp8']['train_seconds']:,.0f}",
             key="drafter.*.train_seconds",
         ),
     ]
+
+
+def granularity_rows(g: dict) -> list[Row]:
+    """Per-channel (the codec) vs per-token fp8 scales, as the states are and with massive
+    activations planted (runs from before the bench had them: none)."""
+    rows = []
+    for case, label in (("as_is", "as stored"), ("massive_planted", "massive activations planted")):
+        if f"{case}.per_channel" not in g:
+            continue
+        c, t = g[f"{case}.per_channel"], g[f"{case}.per_token"]
+        rows.append(
+            Row(
+                f"relative error, per-channel vs per-token scales, {label}: all values; other "
+                "channels of the outlier tokens; outlier channels of the other tokens",
+                f"{c['all_values']:.4f} vs {t['all_values']:.4f}; "
+                f"{c['other_channels_of_first_tokens']:.4f} vs "
+                f"{t['other_channels_of_first_tokens']:.4f}; "
+                f"{c['planted_channels_of_other_tokens']:.4f} vs "
+                f"{t['planted_channels_of_other_tokens']:.4f}",
+                key=f"scale_granularity.{case}",
+            )
+        )
+    return rows
 
 
 def faults_rows(f: dict) -> list[Row]:
