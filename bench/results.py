@@ -617,6 +617,11 @@ def scaling_args(args: argparse.Namespace) -> list[str]:
     return ["--model", str(args.model), "--samples", str(args.results / "tokens/shard-00000.jsonl")]
 
 
+def reference_args(args: argparse.Namespace) -> list[str]:
+    """The finished run that `--results` belongs to (benches that rerun the workflow in a copy)."""
+    return ["--reference", str(Path(args.results).resolve().parent)]
+
+
 def dag_args(args: argparse.Namespace) -> list[str]:
     noop = ["--noop-workdir", str(args.noop_workdir)] if args.noop_workdir else []
     return ["--shards", args.dag_shards, *noop]
@@ -658,7 +663,7 @@ BENCHES = [
         "one_pass",
         "One pass vs two passes",
         "one_pass.py",
-        lambda a: ["--reference", str(Path(a.results).resolve().parent)],
+        reference_args,
         one_pass_rows,
         by_default=False,
     ),
@@ -674,7 +679,7 @@ BENCHES = [
         "fp8",
         "Lossy fp8 storage",
         "fp8.py",
-        lambda a: ["--reference", str(Path(a.results).resolve().parent)],
+        reference_args,
         fp8_rows,
         by_default=False,
     ),
