@@ -24,8 +24,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from eagleflow.files import sha256_file
+from eagleflow.manifest import store_checksums
 from eagleflow.repair import planned_jobs
-from eagleflow.shards import store_checksums, verify_shard
+from eagleflow.shards import verify_shard
 from eagleflow.verify import verify_results
 
 REPO = Path(__file__).resolve().parents[1]

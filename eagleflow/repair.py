@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from eagleflow.files import sha256_file
-from eagleflow.shards import manifest_mismatches, manifest_path, read_manifest
+from eagleflow.manifest import manifest_mismatches, manifest_path, read_manifest
 
 # The file whose mtime Snakemake takes for a directory output.
 DIR_TIMESTAMP = ".snakemake_timestamp"

@@ -14,9 +14,7 @@ which is not bit-exact); the group attributes record `logical_dtype: "bfloat16"`
 ends in a crc32c checksum, so a corrupt chunk fails loudly on read. Chunks run along the token
 axis only and hold about `chunk_bytes` of raw data each.
 
-Next to the store, `shard-NNNNN.sha256` (`manifest_path`) lists the sha256 of every file of the
-store as written, in `sha256sum -c` format (run it in the folder that holds both). It is what a
-regenerated shard is compared with (`eagleflow.repair`): a corrupt store cannot vouch for itself.
+Next to the store, the writer leaves its manifest (`shard-NNNNN.sha256`, `eagleflow.manifest`).
 """
 
 from __future__ import annotations
@@ -41,8 +39,9 @@ from zarr.codecs import BloscCodec, BytesCodec, Crc32cCodec, ZstdCodec
 from zarr.codecs.numcodecs import Shuffle
 from zarr.errors import ZarrUserWarning
 
-from eagleflow.files import atomic_output, sha256_file
+from eagleflow.files import atomic_output
 from eagleflow.fp8 import dequantize, quantize
+from eagleflow.manifest import file_digests, manifest_path, write_manifest
 
 FORMAT_VERSION = 1
 LOGICAL_DTYPE = "bfloat16"
@@ -576,7 +575,7 @@ class ShardWriter:
                 **self.attrs,
             }
         )
-        self._manifest = _file_digests(self._tmp, self._digests)
+        self._manifest = file_digests(self._tmp, self._digests)
 
 
 def _chunk_nbytes(array: zarr.Array) -> int:
@@ -749,61 +748,6 @@ class Shard:
 def open_shard(path: str | Path, cache: ChunkCache | None = None) -> Shard:
     """Open the shard at `path` for reading (decoded chunks kept in `cache` when given)."""
     return Shard(path, cache)
-
-
-def _file_digests(root: Path, known: dict[Path, str] | None = None) -> dict[str, str]:
-    """sha256 of every file under `root` by relative posix path; `known` ones are not reread."""
-    known = known or {}
-    return {
-        file.relative_to(root).as_posix(): known.get(file) or sha256_file(file)
-        for file in sorted(p for p in root.rglob("*") if p.is_file())
-    }
-
-
-def store_checksums(path: str | Path) -> dict[str, str]:
-    """sha256 of every file in the store, by path relative to it (proves bit-identity)."""
-    return _file_digests(Path(path))
-
-
-def manifest_path(store: str | Path) -> Path:
-    """The manifest of the store `store`: `shard-NNNNN.zarr` -> `shard-NNNNN.sha256`."""
-    return Path(store).with_suffix(".sha256")
-
-
-# Written next to a store by tools that mark it (Snakemake's directory outputs); not content.
-_NOT_CONTENT = (".snakemake_timestamp",)
-
-
-def write_manifest(store: str | Path, digests: dict[str, str]) -> None:
-    """Write the manifest of `store` (sha256 by path relative to the store), atomically."""
-    store = Path(store)
-    with atomic_output(manifest_path(store)) as tmp:
-        tmp.write_text("".join(f"{d}  {store.name}/{f}\n" for f, d in sorted(digests.items())))
-
-
-def read_manifest(store: str | Path) -> dict[str, str] | None:
-    """The digests the manifest of `store` records (None when there is no manifest)."""
-    store = Path(store)
-    try:
-        lines = manifest_path(store).read_text().splitlines()
-    except FileNotFoundError:
-        return None
-    prefix = f"{store.name}/"
-    return {
-        name.removeprefix(prefix): digest for digest, name in (ln.split("  ", 1) for ln in lines)
-    }
-
-
-def manifest_mismatches(store: str | Path) -> list[str] | None:
-    """Files of `store` whose content differs from its manifest (missing and extra files
-    included); None when there is no manifest to compare with."""
-    recorded = read_manifest(store)
-    if recorded is None:
-        return None
-    actual = store_checksums(store) if Path(store).is_dir() else {}
-    for name in _NOT_CONTENT:
-        actual.pop(name, None)
-    return sorted(f for f in recorded.keys() | actual.keys() if recorded.get(f) != actual.get(f))
 
 
 def _verify_chunks(path: Path, name: str, array: zarr.Array, budget: int) -> list[str]:

@@ -11,6 +11,7 @@ import pytest
 import torch
 import zarr
 
+from eagleflow.manifest import store_checksums
 from eagleflow.shards import (
     CODECS,
     LOSSY_CODECS,
@@ -18,7 +19,6 @@ from eagleflow.shards import (
     ShardWriter,
     bf16_to_uint16,
     open_shard,
-    store_checksums,
     uint16_to_bf16,
     verify_shard,
 )
