@@ -26,6 +26,17 @@ def run_json(capsys: pytest.CaptureFixture, *argv: str) -> dict:
     return json.loads(capsys.readouterr().out)
 
 
+def test_fp8_codec_halves_the_assumed_size_and_goes_into_the_config(
+    capsys: pytest.CaptureFixture,
+) -> None:
+    sizing = run_json(capsys, *REFERENCE, "--codec", "fp8-e4m3")
+    assert sizing["codec"] == "fp8-e4m3" and sizing["compression_ratio"] == 2.0
+    assert sizing["stored_bytes"] == round(sizing["raw_bytes"] / 2.0)
+    assert sizing["config"]["extract"] == {"codec": "fp8-e4m3"}
+    main([*REFERENCE, "--codec", "fp8-e4m3"])
+    assert "at 2.00x compression (fp8-e4m3, lossy)" in capsys.readouterr().out
+
+
 def test_reference_case_raw_bytes_are_exact(capsys: pytest.CaptureFixture) -> None:
     sizing = run_json(capsys, *REFERENCE)
     assert sizing["raw_bytes"] == 10000 * 1740 * ((3 + 1) * 7168 * 2 + 5)

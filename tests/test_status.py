@@ -72,6 +72,19 @@ def test_projection_from_a_tenth_of_the_shards_matches_the_final_size(tmp_path: 
     assert final.raw_bytes_done == final.tokens_done * raw_bytes_per_token(AUX, HIDDEN)
 
 
+def test_projection_before_any_shard_knows_the_codec(tmp_path: Path) -> None:
+    """With nothing measured yet the projection assumes no compression: raw bf16 for a
+    lossless codec, a byte per value (plus ids and mask) for fp8 codes."""
+    results = fake_results(tmp_path, [[100] * 4] * 2, done=0)
+    lossless = extraction_status(results, num_aux=AUX, hidden_size=HIDDEN)
+    fp8 = extraction_status(results, num_aux=AUX, hidden_size=HIDDEN, codec="fp8-e4m3")
+    tokens = 800
+    assert lossless.projected_bytes == tokens * raw_bytes_per_token(AUX, HIDDEN)
+    assert fp8.projected_bytes == pytest.approx(
+        tokens * raw_bytes_per_token(AUX, HIDDEN, value_bytes=1), abs=1
+    )
+
+
 def test_preflight_refuses_and_says_by_how_much(tmp_path: Path, monkeypatch) -> None:
     results = fake_results(tmp_path, [[100] * 4] * 4, done=1)
     monkeypatch.setenv("EAGLEFLOW_FREE_BYTES", "1000")
