@@ -39,11 +39,21 @@ class Stage:
     output: str  # output of one job, `{shard}` filled in for per-shard rules
     per_shard: bool
     state: tuple[str, ...] = ()  # what a fresh run of the stage starts without
+    companions: tuple[str, ...] = ()  # the job's other outputs, like `output`
+
+    def job_outputs(self, shard: str | None = None) -> list[str]:
+        return [path.format(shard=shard) for path in (self.output, *self.companions)]
 
 
 STAGES = {
     "generation": Stage("generate", "responses", "results/responses/shard-{shard}.jsonl", True),
-    "extraction": Stage("extract", "hidden", "results/hidden/shard-{shard}.zarr", True),
+    "extraction": Stage(
+        "extract",
+        "hidden",
+        "results/hidden/shard-{shard}.zarr",
+        True,
+        companions=("results/hidden/shard-{shard}.sha256",),
+    ),
     "training": Stage(
         "train",
         "drafter",
@@ -160,8 +170,8 @@ class CrashTrial:
     def outputs(self) -> list[str]:
         stage = STAGES[self.stage]
         if not stage.per_shard:
-            return [stage.output]
-        return sorted(stage.output.format(shard=s) for s in self.shards)
+            return stage.job_outputs()
+        return sorted(out for shard in self.shards for out in stage.job_outputs(shard))
 
     def summary(self) -> str:
         resumed = ""
@@ -225,7 +235,7 @@ def crash_trial(
     shards = (
         sorted(rng.sample(planned_shards(workdir), shards_per_trial)) if stage.per_shard else []
     )
-    outputs = [stage.output.format(shard=s) for s in shards] if shards else [stage.output]
+    outputs = [o for s in shards for o in stage.job_outputs(s)] if shards else stage.job_outputs()
     logs = (
         [workdir / f"results/logs/{stage.rule}/shard-{s}.log" for s in shards]
         if shards
