@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 from pathlib import Path
 
 from eagleflow.files import atomic_output, read_jsonl, write_json
@@ -76,14 +77,18 @@ def write_plan(
     expected_response_tokens: int,
     shard_tokens: int,
     max_samples: int,
+    skipped: list[dict] | None = None,
 ) -> dict:
     """Write `out_dir/shard-NNNNN.jsonl` (requests with their prompt token ids) and `plan.json`.
 
     The directory appears complete or not at all. Same requests and settings give the same plan.
+    `skipped`: requests left out (recorded in plan.json with their reason).
     """
     estimates = [len(ids) + expected_response_tokens for ids in prompt_token_ids]
     shards = pack_shards(estimates, shard_tokens, max_samples)
     summary = {"shards": [], "samples": len(requests), "estimated_tokens": sum(estimates)}
+    if skipped:
+        summary["skipped"] = skipped
     with atomic_output(out_dir) as tmp:
         tmp.mkdir()
         for index, members in enumerate(shards):
@@ -129,10 +134,12 @@ def plan_from_prompts(
     shard_tokens: int,
     max_samples_per_shard: int,
     expected_response_tokens: int,
+    on_error: str = "fail",
 ) -> dict:
     """Render every request's prompt ids with the target's chat template and write the plan.
 
-    A prompt that leaves no room for a response within `max_model_len` is an error naming it.
+    A prompt that leaves no room for a response within `max_model_len` is an error naming its
+    file:line; with `on_error` "skip" it is left out and listed in plan.json's `skipped`.
     """
     from eagleflow.chat import render_prompt_ids
 
@@ -141,17 +148,31 @@ def plan_from_prompts(
     requests = generation_requests(prompts, turns)
     tokenizer = _target_tokenizer(model_dir)
     prompt_ids = [render_prompt_ids(tokenizer, r["messages"]) for r in requests]
+    kept, kept_ids, skipped = [], [], []
     for request, ids in zip(requests, prompt_ids, strict=True):
-        if len(ids) >= max_model_len:
-            raise InputError(
-                f"{sources[request['prompt_id']]}: prompt {request['id']} has {len(ids)} tokens, "
-                f"no room for an answer within target.max_model_len={max_model_len}"
-            )
+        if len(ids) < max_model_len:
+            kept.append(request)
+            kept_ids.append(ids)
+            continue
+        reason = (
+            f"{sources[request['prompt_id']]}: prompt {request['id']} has {len(ids)} tokens, "
+            f"no room for an answer within target.max_model_len={max_model_len}"
+        )
+        if on_error != "skip":
+            raise InputError(reason)
+        skipped.append({"source": sources[request["prompt_id"]], "request": request["id"],
+                        "reason": "too long", "prompt_tokens": len(ids)})  # fmt: skip
+        logging.getLogger("eagleflow").warning("skipped (prompts.on_error: skip): %s", reason)
+    if not kept:
+        raise InputError(
+            f"no prompt fits target.max_model_len={max_model_len}: all {len(requests)} skipped"
+        )
     return write_plan(
         out_dir,
-        requests,
-        prompt_ids,
+        kept,
+        kept_ids,
         expected_response_tokens=expected_response_tokens,
         shard_tokens=shard_tokens,
         max_samples=max_samples_per_shard,
+        skipped=skipped,
     )

@@ -14,6 +14,7 @@ checkpoint plan:
     params:
         turns=config["generation"]["turns"],
         max_model_len=config["target"]["max_model_len"],
+        on_error=config["prompts"]["on_error"],
         settings=config_section("plan"),
     script:
         "../scripts/plan.py"

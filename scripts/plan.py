@@ -11,11 +11,13 @@ with log_job_errors(log):
         snakemake.output[0],
         turns=snakemake.params.turns,
         max_model_len=snakemake.params.max_model_len,
+        on_error=snakemake.params.on_error,
         **snakemake.params.settings,
     )
 log.info(
-    "%d samples in %d shards, %d estimated tokens",
+    "%d samples in %d shards, %d estimated tokens; %d skipped",
     summary["samples"],
     len(summary["shards"]),
     summary["estimated_tokens"],
+    len(summary.get("skipped", [])),
 )

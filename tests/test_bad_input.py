@@ -142,6 +142,30 @@ def test_prompt_longer_than_max_model_len_fails_the_plan_naming_it(
     assert not (tmp_path / "results/plan").exists()
 
 
+def test_prompt_longer_than_max_model_len_is_skipped_and_counted_under_skip(
+    demo_run: Path, tmp_path: Path
+) -> None:
+    long_prompt = {"prompt": " ".join(["Sort 3, 1, 2."] * 40)}
+    prompts = write_prompt_lines(
+        tmp_path / "prompts.jsonl", [{"prompt": "Sort 3, 1, 2."}, long_prompt]
+    )
+    write_config(
+        tmp_path,
+        {
+            "target": {"model": str(demo_run / "results/demo/target"), "max_model_len": 64},
+            "prompts": {"paths": [str(prompts)], "on_error": "skip"},
+        },
+    )
+    run_snakemake(tmp_path, "results/plan")
+    plan = json.loads((tmp_path / "results/plan/plan.json").read_text())
+    long_id = prompt_id([{"role": "user", "content": long_prompt["prompt"]}])
+    assert plan["samples"] == 1
+    [skipped] = plan["skipped"]
+    assert skipped["source"] == f"{prompts}:2" and skipped["request"] == long_id
+    assert skipped["reason"] == "too long" and skipped["prompt_tokens"] >= 64
+    assert "1 skipped" in (tmp_path / "results/logs/plan.log").read_text()
+
+
 def demo_target_vocab_rows(workdir: Path) -> int:
     return json.loads((workdir / "results/demo/target/config.json").read_text())["vocab_size"]
 
