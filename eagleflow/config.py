@@ -7,6 +7,7 @@ from pathlib import Path
 import jsonschema
 import yaml
 
+from eagleflow.fingerprint import TOKENIZER_VOCAB_FILES
 from eagleflow.logs import InputError
 
 
@@ -33,10 +34,6 @@ def schema_errors(config: dict, schema_path: str | Path) -> list[str]:
     return lines
 
 
-# Any of these makes a tokenizer that transformers and vLLM can load.
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json")
-
-
 def missing_paths(config: dict) -> list[str]:
     """Configured input paths that do not exist or lack what the workflow reads from them,
     each named by its key."""
@@ -46,10 +43,10 @@ def missing_paths(config: dict) -> list[str]:
         missing.append(f"target.model: {model} is not a directory")
     elif model and not (Path(model) / "config.json").is_file():
         missing.append(f"target.model: {model} has no config.json (a Hugging Face model directory)")
-    elif model and not any((Path(model) / name).is_file() for name in TOKENIZER_FILES):
+    elif model and not any((Path(model) / name).is_file() for name in TOKENIZER_VOCAB_FILES):
         missing.append(
-            f"target.model: {model} has no tokenizer ({', '.join(TOKENIZER_FILES)}): prompts are "
-            "rendered with the target's own tokenizer and chat template"
+            f"target.model: {model} has no tokenizer ({', '.join(TOKENIZER_VOCAB_FILES)}): "
+            "prompts are rendered with the target's own tokenizer and chat template"
         )
     for i, path in enumerate(config["prompts"]["paths"]):
         if not Path(path).is_file():

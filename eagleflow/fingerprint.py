@@ -7,15 +7,21 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-# Files hashed for the tokenizer fingerprint, when present (the chat template lives in either
-# tokenizer_config.json or a file of its own).
+# A target's tokenizer vocabulary is one of these: tokenizer.json (fast tokenizers),
+# tokenizer.model (sentencepiece), vocab.json (+ merges.txt, BPE), tiktoken.model (tiktoken,
+# loaded by the tokenizer class the directory ships in tokenization_*.py: Kimi-K2's).
+TOKENIZER_VOCAB_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "tiktoken.model")
+# Hashed for the tokenizer fingerprint, when present: the vocabulary, the chat template (in
+# tokenizer_config.json or a file of its own) and any tokenizer code the directory ships.
 TOKENIZER_FILES = (
-    "tokenizer.json",
+    *TOKENIZER_VOCAB_FILES,
+    "merges.txt",
     "tokenizer_config.json",
     "special_tokens_map.json",
     "chat_template.jinja",
     "chat_template.json",
 )
+TOKENIZER_CODE = "tokenization_*.py"
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth")
 FINGERPRINT_BLOCKS = 16  # blocks of each weight file read for the fingerprint
 FINGERPRINT_BLOCK_BYTES = 4096
@@ -54,6 +60,7 @@ def tokenizer_fingerprint(model_dir: str | Path) -> str | None:
     """sha256 of the tokenizer and chat-template files present; None when there are none."""
     root = Path(model_dir)
     paths = [root / name for name in TOKENIZER_FILES if (root / name).is_file()]
+    paths += sorted(root.glob(TOKENIZER_CODE))
     if not paths:
         return None
     digest = hashlib.sha256()

@@ -7,7 +7,8 @@ from pathlib import Path
 import yaml
 from conftest import REPO, run_snakemake, write_config
 
-from eagleflow.config import schema_errors
+from eagleflow.config import missing_paths, schema_errors
+from eagleflow.fingerprint import tokenizer_fingerprint
 
 SCHEMA = REPO / "rules" / "schemas" / "config.schema.yaml"
 
@@ -52,3 +53,35 @@ def test_dry_run_fails_on_paths_that_do_not_exist(tmp_path: Path) -> None:
     assert result.returncode != 0
     assert "target.model: no/such/model is not a directory" in result.stdout + result.stderr
     assert "prompts.paths[0]: x.jsonl does not exist" in result.stdout + result.stderr
+
+
+def test_tokenizers_without_tokenizer_json_pass_the_check_and_the_fingerprint(
+    tmp_path: Path,
+) -> None:
+    """A Kimi-style target (tiktoken.model + the tokenizer class it ships, no tokenizer.json)
+    and a sentencepiece one pass the config check, and their files enter the fingerprint."""
+    config = yaml.safe_load((REPO / "config.yaml").read_text())
+    kimi = tmp_path / "kimi"
+    kimi.mkdir()
+    (kimi / "config.json").write_text("{}")
+    config["target"]["model"] = str(kimi)
+    assert missing_paths(config) == [
+        f"target.model: {kimi} has no tokenizer (tokenizer.json, tokenizer.model, vocab.json, "
+        "tiktoken.model): prompts are rendered with the target's own tokenizer and chat template"
+    ]
+    (kimi / "tiktoken.model").write_text("aGVsbG8= 0\n")
+    (kimi / "tokenization_kimi.py").write_text("class TikTokenTokenizer: ...\n")
+    assert missing_paths(config) == []
+    before = tokenizer_fingerprint(kimi)
+    (kimi / "tokenization_kimi.py").write_text("class TikTokenTokenizer: pass\n")
+    assert before is not None and tokenizer_fingerprint(kimi) != before
+    before = tokenizer_fingerprint(kimi)
+    (kimi / "tiktoken.model").write_text("aGVsbG8= 1\n")
+    assert tokenizer_fingerprint(kimi) != before
+
+    spm = tmp_path / "spm"
+    spm.mkdir()
+    (spm / "config.json").write_text("{}")
+    (spm / "tokenizer.model").write_bytes(b"\x0a\x01sentencepiece")
+    config["target"]["model"] = str(spm)
+    assert missing_paths(config) == [] and tokenizer_fingerprint(spm) is not None
