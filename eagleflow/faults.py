@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from eagleflow.files import sha256_file
-from eagleflow.manifest import store_checksums
+from eagleflow.manifest import SNAKEMAKE_MARKER, store_checksums
 from eagleflow.repair import planned_jobs
 from eagleflow.shards import verify_shard
 from eagleflow.verify import verify_results
@@ -72,7 +72,7 @@ def checksums(path: Path) -> dict[str, str]:
     output was complete but before that has the same content."""
     if path.is_dir():
         sums = store_checksums(path)
-        sums.pop(".snakemake_timestamp", None)
+        sums.pop(SNAKEMAKE_MARKER, None)
         return sums
     return {path.name: sha256_file(path)}
 

@@ -32,8 +32,9 @@ def manifest_path(store: str | Path) -> Path:
     return Path(store).with_suffix(".sha256")
 
 
-# Written next to a store by tools that mark it (Snakemake's directory outputs); not content.
-_NOT_CONTENT = (".snakemake_timestamp",)
+# The marker Snakemake puts in a directory output once its job is recorded (its mtime is the
+# directory's for Snakemake): not part of the store's content.
+SNAKEMAKE_MARKER = ".snakemake_timestamp"
 
 
 def write_manifest(store: str | Path, digests: dict[str, str]) -> None:
@@ -63,6 +64,5 @@ def manifest_mismatches(store: str | Path) -> list[str] | None:
     if recorded is None:
         return None
     actual = store_checksums(store) if Path(store).is_dir() else {}
-    for name in _NOT_CONTENT:
-        actual.pop(name, None)
+    actual.pop(SNAKEMAKE_MARKER, None)
     return sorted(f for f in recorded.keys() | actual.keys() if recorded.get(f) != actual.get(f))

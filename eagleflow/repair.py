@@ -25,14 +25,16 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from eagleflow.files import sha256_file
-from eagleflow.manifest import manifest_mismatches, manifest_path, read_manifest
-
-# The file whose mtime Snakemake takes for a directory output.
-DIR_TIMESTAMP = ".snakemake_timestamp"
+from eagleflow.manifest import (
+    SNAKEMAKE_MARKER,
+    manifest_mismatches,
+    manifest_path,
+    read_manifest,
+)
 
 
 def _mtime_carrier(path: Path) -> Path:
-    marker = path / DIR_TIMESTAMP
+    marker = path / SNAKEMAKE_MARKER
     return marker if path.is_dir() and marker.exists() else path
 
 
@@ -90,8 +92,8 @@ def came_back_identical(output: Path, before: Before) -> bool:
 def restore_mtime(output: Path, mtime: float) -> None:
     """Set `output` (a directory output: its Snakemake marker too) back to `mtime`."""
     os.utime(output, (mtime, mtime))
-    if output.is_dir() and (output / DIR_TIMESTAMP).exists():
-        os.utime(output / DIR_TIMESTAMP, (mtime, mtime))
+    if output.is_dir() and (output / SNAKEMAKE_MARKER).exists():
+        os.utime(output / SNAKEMAKE_MARKER, (mtime, mtime))
 
 
 def _snakemake(args: list[str], capture: bool) -> subprocess.CompletedProcess:

@@ -76,7 +76,7 @@ aux_layer_ids()
 # no extract rule exists.
 ONE_PASS = config["extract"]["capture"] == "during_generation"
 HIDDEN_SHARD = "results/hidden/shard-{shard}.zarr"
-# Written by the shard writer next to the store (eagleflow.shards.manifest_path).
+# Written by the shard writer next to the store (eagleflow.manifest.manifest_path).
 HIDDEN_MANIFEST = "results/hidden/shard-{shard}.sha256"
 
 

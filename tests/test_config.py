@@ -85,3 +85,11 @@ def test_tokenizers_without_tokenizer_json_pass_the_check_and_the_fingerprint(
     (spm / "tokenizer.model").write_bytes(b"\x0a\x01sentencepiece")
     config["target"]["model"] = str(spm)
     assert missing_paths(config) == [] and tokenizer_fingerprint(spm) is not None
+
+
+def test_schema_lists_exactly_the_codecs_the_writer_knows() -> None:
+    """`extract.codec`'s enum repeats `eagleflow.shards.CODECS`: the two must not drift."""
+    from eagleflow.shards import CODECS, DEFAULT_CODEC
+
+    codec = yaml.safe_load(SCHEMA.read_text())["properties"]["extract"]["properties"]["codec"]
+    assert sorted(codec["enum"]) == sorted(CODECS) and codec["default"] == DEFAULT_CODEC
