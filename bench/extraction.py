@@ -202,8 +202,9 @@ def job_server(args: argparse.Namespace) -> dict:
     import socket
 
     from eagleflow.extract import extract_shard
-    from eagleflow.layers import default_layer_ids, target_num_layers
+    from eagleflow.layers import default_layer_ids
     from eagleflow.serve import running_server
+    from eagleflow.target_config import target_num_layers
 
     num_layers = target_num_layers(args.model)
     aux_ids, last_id = default_layer_ids(num_layers)

@@ -18,6 +18,7 @@ from safetensors.torch import load_file
 
 from eagleflow.fingerprint import target_fingerprint, tokenizer_fingerprint
 from eagleflow.shards import open_shard
+from eagleflow.target_config import target_text_config
 
 
 def diagnose_export(
@@ -28,8 +29,7 @@ def diagnose_export(
     config = json.loads((export_dir / "config.json").read_text())
     tensors = load_file(str(export_dir / "model.safetensors"))
     attrs = open_shard(shard_paths[0]).attrs
-    target_config = json.loads((Path(target) / "config.json").read_text())
-    target_config = target_config.get("text_config", target_config)
+    target_config = target_text_config(target)
     problems = []
 
     data_ids = list(attrs["aux_layer_ids"])

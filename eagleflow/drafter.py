@@ -27,6 +27,7 @@ from torch import nn
 
 from eagleflow.logs import InputError
 from eagleflow.precision import native_bf16
+from eagleflow.target_config import target_text_config
 
 
 @dataclass(frozen=True)
@@ -47,8 +48,7 @@ class DrafterConfig:
     @classmethod
     def from_target(cls, model_dir: str | Path, draft_vocab_size: int, num_aux: int):
         """Attention/MLP shapes of one target decoder layer, sized for the draft vocab."""
-        config = json.loads((Path(model_dir) / "config.json").read_text())
-        config = config.get("text_config", config)
+        config = target_text_config(model_dir)
         heads = int(config["num_attention_heads"])
         hidden = int(config["hidden_size"])
         rope = config.get("rope_parameters") or {}
@@ -260,8 +260,7 @@ def _tensor_files(model_dir: Path) -> dict[str, Path]:
 def load_target_head(model_dir: str | Path) -> TargetHead:
     """Read only the embedding, final norm and lm_head of the target's safetensors."""
     model_dir = Path(model_dir)
-    config = json.loads((model_dir / "config.json").read_text())
-    config = config.get("text_config", config)
+    config = target_text_config(model_dir)
     files = _tensor_files(model_dir)
 
     def tensor(*names: str) -> torch.Tensor:

@@ -6,9 +6,7 @@ teacher of the drafter. Kept free of heavy imports: the Snakefile resolves ids a
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
-from pathlib import Path
 
 from eagleflow.logs import InputError
 
@@ -35,17 +33,6 @@ def check_layer_ids(ids: Sequence[int], num_layers: int) -> None:
         if layer_id in seen:
             raise InputError(f"layer id {layer_id} appears more than once (ids: {list(ids)})")
         seen.add(int(layer_id))
-
-
-def target_text_config(model_dir: str | Path) -> dict:
-    """A target's config.json, or its `text_config` for a multimodal target (the decoder)."""
-    config = json.loads((Path(model_dir) / "config.json").read_text())
-    return config.get("text_config", config)
-
-
-def target_num_layers(model_dir: str | Path) -> int:
-    """Decoder layers of a target, read from its config.json (text config for multimodal)."""
-    return int(target_text_config(model_dir)["num_hidden_layers"])
 
 
 def resolve_aux_layer_ids(configured: Sequence[int] | None, num_layers: int) -> list[int]:

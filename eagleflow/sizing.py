@@ -22,7 +22,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from eagleflow.layers import default_layer_ids, target_text_config
+from eagleflow.layers import default_layer_ids
 from eagleflow.logs import InputError
 from eagleflow.shards import CODECS, DEFAULT_CODEC, LOSSY_CODECS
 from eagleflow.status import (
@@ -32,6 +32,7 @@ from eagleflow.status import (
     raw_bytes_per_token,
     target_shape,
 )
+from eagleflow.target_config import target_text_config
 
 # Compression ratio (raw / stored) assumed when none is given: the low end of what real
 # large-model activations reach with the default codec (heavier-tailed than the demo target's,

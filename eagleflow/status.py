@@ -20,8 +20,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from eagleflow.files import read_jsonl
-from eagleflow.layers import target_text_config
 from eagleflow.logs import InputError
+from eagleflow.target_config import target_text_config
 
 # (2, N//2, N-3), the aux layers vLLM, SGLang and EAGLE use by default.
 DEFAULT_AUX_LAYERS = 3

@@ -7,7 +7,6 @@ vLLM and SGLang read); `t2d` is a bool mask over the target's embedding rows.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -18,14 +17,9 @@ from safetensors.torch import load_file, save_file
 from eagleflow.files import atomic_output, read_jsonl, write_json
 from eagleflow.logs import InputError
 from eagleflow.split import is_heldout
+from eagleflow.target_config import target_vocab_size
 
 EAGLE3_DRAFT_VOCAB = 32000  # the size EAGLE-3 drafters of large targets use
-
-
-def target_vocab_rows(model_dir: str | Path) -> int:
-    """Embedding rows of the target (config `vocab_size`: added tokens and padding included)."""
-    config = json.loads((Path(model_dir) / "config.json").read_text())
-    return int(config.get("text_config", config)["vocab_size"])
 
 
 def resolve_draft_vocab_size(configured: int | None, vocab_rows: int) -> int:
@@ -129,7 +123,7 @@ def build_vocab(
     reuse: str | Path | None = None,
 ) -> dict:
     """Write the vocab file (d2t, t2d, train counts) and its coverage report; return the report."""
-    vocab_rows = target_vocab_rows(model_dir)
+    vocab_rows = target_vocab_size(model_dir)
     counts = read_counts(counts_paths)
     if reuse:
         d2t, t2d = load_vocab_map(reuse)

@@ -7,7 +7,8 @@ from snakemake.exceptions import WorkflowError
 from snakemake.utils import min_version, validate
 
 from eagleflow.config import missing_paths, raise_if_invalid, schema_errors
-from eagleflow.layers import resolve_aux_layer_ids, target_num_layers
+from eagleflow.layers import resolve_aux_layer_ids
+from eagleflow.target_config import target_num_layers
 
 min_version("9.0")
 
