@@ -21,9 +21,8 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler, get_worker_info
 
-from eagleflow.shards import ChunkCache, open_shard
+from eagleflow.shards import ChunkCache, open_shard, raw_bytes_per_token
 from eagleflow.split import is_heldout
-from eagleflow.status import raw_bytes_per_token
 
 # Consecutive samples of one shard kept together: about this many bytes of tokens, i.e.
 # several chunks, so that few chunks are shared by two windows and decoded twice per epoch.

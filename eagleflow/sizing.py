@@ -24,12 +24,11 @@ from pathlib import Path
 
 from eagleflow.layers import default_layer_ids
 from eagleflow.logs import InputError
-from eagleflow.shards import CODECS, DEFAULT_CODEC, LOSSY_CODECS
+from eagleflow.shards import CODECS, DEFAULT_CODEC, LOSSY_CODECS, raw_bytes_per_token
 from eagleflow.status import (
     DEFAULT_AUX_LAYERS,
     extraction_status,
     human_bytes,
-    raw_bytes_per_token,
     target_shape,
 )
 from eagleflow.target_config import target_text_config

@@ -21,26 +21,17 @@ from pathlib import Path
 
 from eagleflow.files import read_jsonl
 from eagleflow.logs import InputError
+from eagleflow.shards import LOSSY_CODECS, open_shard, raw_bytes_per_token
 from eagleflow.target_config import target_text_config
 
 # (2, N//2, N-3), the aux layers vLLM, SGLang and EAGLE use by default.
 DEFAULT_AUX_LAYERS = 3
-# Bytes per token besides the activations: int32 id + uint8 loss mask.
-TOKEN_OVERHEAD_BYTES = 5
-
-
-def raw_bytes_per_token(num_aux: int, hidden_size: int, value_bytes: int = 2) -> int:
-    """Uncompressed bytes one token takes in a shard: aux + last layer in bf16 (`value_bytes`
-    per value: 1 for fp8 codes), id and mask."""
-    return (num_aux + 1) * hidden_size * value_bytes + TOKEN_OVERHEAD_BYTES
 
 
 def uncompressed_ratio(codec: str | None, num_aux: int, hidden_size: int) -> float:
     """Raw (bf16) over stored bytes of a codec whose compressor gains nothing: 1 for lossless
     codecs, about 2 for fp8 codes (a byte per value; the per-chunk scales are negligible).
     What a projection assumes before any shard has been measured: high, never low."""
-    from eagleflow.shards import LOSSY_CODECS
-
     if codec not in LOSSY_CODECS:
         return 1.0
     raw = raw_bytes_per_token(num_aux, hidden_size)
@@ -82,8 +73,6 @@ class ExtractionStatus:
 def shard_token_counts(results: Path, shards: list[dict]) -> tuple[dict[str, int], bool]:
     """Tokens per shard: exact from prepared samples or the finished shard (in one pass it comes
     first) where they exist, else the plan's estimate."""
-    from eagleflow.shards import open_shard
-
     counts, exact = {}, True
     for shard in shards:
         tokens = results / "tokens" / f"shard-{shard['shard']}.jsonl"

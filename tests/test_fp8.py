@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 import torch
 
-from eagleflow.fp8 import E4M3_MAX, dequantize, quantize
 from eagleflow.manifest import store_checksums
 from eagleflow.shards import ShardWriter, open_shard, verify_shard
+from eagleflow.shards.fp8 import E4M3_MAX, dequantize, quantize
 
 A, H = 3, 32
 CHUNK_BYTES = 4000  # aux: 20 rows a chunk, last: 62

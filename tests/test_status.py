@@ -11,8 +11,8 @@ import torch
 
 from eagleflow.files import write_json, write_jsonl
 from eagleflow.logs import InputError
-from eagleflow.shards import ShardWriter
-from eagleflow.status import extraction_status, preflight, raw_bytes_per_token
+from eagleflow.shards import ShardWriter, raw_bytes_per_token
+from eagleflow.status import extraction_status, preflight
 from eagleflow.verify import main as verify_main
 from eagleflow.verify import verify_results
 
