@@ -3,9 +3,10 @@ hidden states of its training samples (`extract.capture: during_generation`).
 
 The generation requests ask vLLM's hidden-states connector for the states of the prompt *and*
 the generated tokens (`kv_transfer_params={"include_output_tokens": True}`), with the engine
-settings of the extraction stage (`eagleflow.extract.extraction_engine_settings`). The shard is
-the extraction stage's format, holding exactly the samples `prepare` makes of the responses
-(`eagleflow.prepare.kept_sample`), so training, `verify`, status and repair treat it alike.
+settings of the extraction stage (`eagleflow.vllm_capture.extraction_engine_settings`). The
+shard is the extraction stage's format, holding exactly the samples `prepare` makes of the
+responses (`eagleflow.prepare.kept_sample`), so training, `verify`, status and repair treat it
+alike.
 
 The last generated token was never an input of the target, so vLLM has no state for it: its
 rows are stored as zeros and the shard says so (attribute `last_token_states`). Neither the
@@ -22,36 +23,32 @@ from typing import Any
 
 import numpy as np
 import torch
-from tqdm import tqdm
 
 from eagleflow.engine import default_enforce_eager
-from eagleflow.extract import (
-    append_states,
-    check_server_info,
-    extraction_engine,
-    finished_in_order,
-    in_order_on_threads,
-    new_shard_writer,
-    server_states_path,
-    shard_summary,
-    take_states,
-)
+from eagleflow.extract import new_shard_writer, shard_summary
 from eagleflow.files import read_jsonl, write_jsonl
 from eagleflow.generate import (
     Completion,
     Sampling,
     completion_payload,
-    post_completion,
     request_seed,
     response_records,
     server_completion,
-    server_model_name,
     vllm_completion,
     vllm_sampling_params,
 )
 from eagleflow.logs import InputError
 from eagleflow.prepare import kept_sample
+from eagleflow.progress import token_progress
+from eagleflow.server_client import (
+    ServerClient,
+    check_server_info,
+    in_order_on_threads,
+    server_model_name,
+    server_states_path,
+)
 from eagleflow.shards import DEFAULT_CHUNK_BYTES, DEFAULT_CODEC, ShardWriter
+from eagleflow.vllm_capture import append_states, extraction_engine, finished_in_order, take_states
 
 INCLUDE_OUTPUT_TOKENS = {"include_output_tokens": True}
 ONE_PASS_ATTRS = {
@@ -117,7 +114,7 @@ def _generate_server(
     concurrency: int,
     timeout_s: float = 600,
 ) -> Iterator[Captured]:
-    """Generate against a running extraction server (`python -m eagleflow.serve
+    """Generate against a running extraction server (`python -m eagleflow.extraction_server
     --extract-layers`), `concurrency` requests in flight and at most twice that ahead of the one
     being consumed; yield in request order."""
     model = server_model_name(url, purpose="generation (one pass)")
@@ -128,14 +125,15 @@ def _generate_server(
             model, request["prompt_token_ids"], seed, sampling,
             kv_transfer_params=INCLUDE_OUTPUT_TOKENS,
         )  # fmt: skip
-        body = post_completion(url, payload, timeout_s=timeout_s)
+        body = client.complete(payload)
         return server_completion(url, body), server_states_path(url, body, request["id"])
 
-    answers = in_order_on_threads(generate, requests, concurrency)
-    for index, (_, (completion, path)) in enumerate(answers):
-        if index == 0:  # the first file: check whose server wrote it
-            check_server_info(url, path, layer_ids, model_dir)
-        yield index, completion, take_states(path)
+    with ServerClient(url, timeout_s=timeout_s, connections=concurrency) as client:
+        answers = in_order_on_threads(generate, requests, concurrency)
+        for index, (_, (completion, path)) in enumerate(answers):
+            if index == 0:  # the first file: check whose server wrote it
+                check_server_info(url, path, layer_ids, model_dir)
+            yield index, completion, take_states(path)
 
 
 def append_generated(writer: ShardWriter, sample: dict, states: dict[str, torch.Tensor]) -> None:
@@ -217,9 +215,9 @@ def generate_and_capture_shard(
             )
         completions: list[Completion] = []
         generated = 0
-        with tqdm(
-            total=len(requests), desc=f"generate + capture ({backend})", unit="prompt"
-        ) as bar:
+        with token_progress(
+            len(requests), f"generate + capture ({backend})", unit="prompt"
+        ) as progress:
             for i, completion, states in captured:
                 completions.append(completion)
                 request = requests[i]
@@ -230,8 +228,7 @@ def generate_and_capture_shard(
                     sample["loss_mask"] = np.asarray(sample["loss_mask"], dtype=bool)
                     append_generated(writer, sample, states)
                 generated += len(completion.token_ids)
-                bar.set_postfix(tok_s=f"{generated / max(bar.format_dict['elapsed'], 1e-9):.0f}")
-                bar.update(1)
+                progress.advance(1, len(completion.token_ids))
         records, truncated = response_records(requests, completions, tokenizer, on_truncated)
         write_jsonl(responses_path, records)
         generation_seconds = time.monotonic() - start

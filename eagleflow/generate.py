@@ -1,7 +1,8 @@
 """Target responses: the target model answers each planned request, thinking included.
 
 Three backends give the same record format: `vllm` (in-process engine), `server` (any
-OpenAI-compatible endpoint that returns token ids, e.g. `vllm serve`) and `hf` (transformers).
+OpenAI-compatible endpoint that returns token ids, e.g. `vllm serve`, reached through
+`eagleflow.server_client`) and `hf` (transformers).
 Prompt ids are rendered once, at plan time, with the target's own chat template; responses keep
 the ids the engine produced, so no later stage ever re-tokenizes generated text.
 """
@@ -9,20 +10,17 @@ the ids the engine produced, so no later stage ever re-tokenizes generated text.
 from __future__ import annotations
 
 import hashlib
-import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tqdm import tqdm
-
 from eagleflow.files import read_jsonl, write_jsonl
 from eagleflow.logs import InputError
-
-log = logging.getLogger(__name__)
+from eagleflow.progress import token_progress
+from eagleflow.server_client import ServerClient, server_model_name
 
 
 @dataclass(frozen=True)
@@ -47,10 +45,6 @@ def request_seed(seed: int, sample_id: str) -> int:
     """A per-request seed: a sample's answer does not depend on its shard or batch neighbours."""
     digest = hashlib.sha256(f"{seed}:{sample_id}".encode()).digest()
     return int.from_bytes(digest[:4], "little") & 0x7FFFFFFF
-
-
-def _progress(total: int, desc: str) -> tqdm:
-    return tqdm(total=total, desc=desc, unit="prompt", dynamic_ncols=True)
 
 
 def generate_vllm(
@@ -112,8 +106,10 @@ def generate_hf(
     pad = model.config.pad_token_id if model.config.pad_token_id is not None else min(eos_ids)
     order = sorted(range(len(prompt_ids)), key=lambda i: len(prompt_ids[i]))
     completions: dict[int, Completion] = {}
-    produced, start = 0, time.monotonic()
-    with _progress(len(prompt_ids), "generate (hf)") as bar, torch.inference_mode():
+    with (
+        token_progress(len(prompt_ids), "generate (hf)", unit="prompt") as progress,
+        torch.inference_mode(),
+    ):
         for first in range(0, len(order), batch_size):
             batch = order[first : first + batch_size]
             width = max(len(prompt_ids[i]) for i in batch)
@@ -134,58 +130,14 @@ def generate_hf(
                 top_p=sampling.top_p if sampling.temperature > 0 else None,
                 pad_token_id=pad,
             )
+            produced = 0
             for row, i in zip(out[:, width:].tolist(), batch, strict=True):
                 ends = [k for k, token in enumerate(row) if token in eos_ids]
                 ids = row[: ends[0] + 1] if ends else row
                 completions[i] = Completion(ids, "stop" if ends else "length")
                 produced += len(ids)
-            bar.update(len(batch))
-            bar.set_postfix(tok_s=f"{produced / (time.monotonic() - start):.0f}")
+            progress.advance(len(batch), produced)
     return [completions[i] for i in range(len(prompt_ids))]
-
-
-def post_json(url: str, payload: dict, timeout: float) -> dict:
-    import requests
-
-    response = requests.post(url, json=payload, timeout=timeout)
-    if response.status_code >= 400:
-        raise requests.HTTPError(
-            f"{response.status_code}: {response.text[:300]}", response=response
-        )
-    return response.json()
-
-
-def server_model_name(url: str, timeout: float = 10.0, purpose: str = "generation") -> str:
-    """The first model a server lists; InputError naming the URL when it cannot be reached."""
-    import requests
-
-    try:
-        response = requests.get(f"{url.rstrip('/')}/v1/models", timeout=timeout)
-        response.raise_for_status()
-        return response.json()["data"][0]["id"]
-    except (requests.RequestException, KeyError, IndexError, ValueError) as err:
-        raise InputError(
-            f"{purpose} server {url} is unreachable or lists no model: {err}"
-        ) from None
-
-
-def with_retries(call: Callable[[], dict], retries: int, backoff_s: float) -> dict:
-    """Call, retrying connection errors, timeouts, 429 and 5xx with exponential backoff."""
-    import requests
-
-    for attempt in range(retries + 1):
-        try:
-            return call()
-        except requests.RequestException as err:
-            status = err.response.status_code if err.response is not None else None
-            if attempt == retries or (status is not None and status < 500 and status != 429):
-                raise
-            wait = backoff_s * 2**attempt
-            log.warning(
-                "request failed (%s); retry %d/%d in %.1fs", err, attempt + 1, retries, wait
-            )
-            time.sleep(wait)
-    raise AssertionError("unreachable")
 
 
 def completion_payload(
@@ -203,14 +155,6 @@ def completion_payload(
         "skip_special_tokens": False,
         **extra,
     }
-
-
-def post_completion(
-    url: str, payload: dict, retries: int = 4, backoff_s: float = 1.0, timeout_s: float = 600.0
-) -> dict:
-    """POST `payload` to the server's /v1/completions, retrying transient failures."""
-    endpoint = f"{url.rstrip('/')}/v1/completions"
-    return with_retries(lambda: post_json(endpoint, payload, timeout_s), retries, backoff_s)
 
 
 def server_completion(url: str, body: dict) -> Completion:
@@ -245,22 +189,21 @@ def generate_server(
 
     def one(i: int) -> Completion:
         payload = completion_payload(model, prompt_ids[i], seeds[i], sampling)
-        body = post_completion(url, payload, retries, backoff_s, timeout_s)
-        return server_completion(url, body)
+        return server_completion(url, client.complete(payload))
 
     completions: list[Completion | None] = [None] * len(prompt_ids)
-    produced, start = 0, time.monotonic()
     with (
-        _progress(len(prompt_ids), "generate (server)") as bar,
+        ServerClient(
+            url, retries=retries, backoff_s=backoff_s, timeout_s=timeout_s, connections=concurrency
+        ) as client,
+        token_progress(len(prompt_ids), "generate (server)", unit="prompt") as progress,
         ThreadPoolExecutor(max_workers=concurrency) as pool,
     ):
         futures = {pool.submit(one, i): i for i in range(len(prompt_ids))}
         for future in as_completed(futures):
             i = futures[future]
             completions[i] = future.result()
-            produced += len(completions[i].token_ids)
-            bar.update(1)
-            bar.set_postfix(tok_s=f"{produced / (time.monotonic() - start):.0f}")
+            progress.advance(1, len(completions[i].token_ids))
     return completions  # type: ignore[return-value]
 
 

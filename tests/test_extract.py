@@ -19,15 +19,12 @@ import pytest
 import torch
 
 from eagleflow.compare import compare_shards
-from eagleflow.extract import (
-    SCRATCH_PREFIX,
-    _remove_stale_scratch,
-    extract_shard,
-)
+from eagleflow.extract import extract_shard
 from eagleflow.fingerprint import target_fingerprint, tokenizer_fingerprint
 from eagleflow.layers import check_layer_ids, default_layer_ids
 from eagleflow.logs import InputError
 from eagleflow.shards import open_shard, verify_shard
+from eagleflow.vllm_capture import SCRATCH_PREFIX, _remove_stale_scratch
 
 # Unsorted on purpose: vLLM returns layers in ascending id order whatever order they are given.
 AUX_IDS = [5, 2, 4]

@@ -22,9 +22,9 @@ from conftest import (
 
 from eagleflow.capture import ShardFormat, generate_and_capture_shard
 from eagleflow.compare import compare_shards, format_comparison
+from eagleflow.extraction_server import running_server
 from eagleflow.files import read_jsonl
 from eagleflow.generate import Sampling
-from eagleflow.serve import running_server
 from eagleflow.shards import open_shard
 
 

@@ -7,8 +7,8 @@ from pathlib import Path
 
 from conftest import free_port, run_snakemake, write_config
 
+from eagleflow.extraction_server import running_server
 from eagleflow.files import read_jsonl
-from eagleflow.serve import running_server
 
 
 def responses(workdir: Path) -> dict[str, dict]:

@@ -1,4 +1,13 @@
-"""A long-running vLLM OpenAI-compatible server, so a huge target is loaded once for many jobs."""
+"""The extraction server: a long-running vLLM OpenAI-compatible server, so that a huge target is
+loaded once for many jobs (`python -m eagleflow.extraction_server MODEL --extract-layers ...
+--storage DIR`). With `--extract-layers` it captures those layers of every prompt it runs, with
+the in-process extraction engine's settings (`eagleflow.vllm_capture`), and writes them under
+DIR for the shard jobs to read (their side: `eagleflow.server_client`); without, it is a plain
+generation server (benches and tests start one with `running_server`).
+
+Not to be confused with `eagleflow.spec_decode`, which serves the target with the trained
+drafter.
+"""
 
 from __future__ import annotations
 
@@ -43,7 +52,7 @@ def serve_command(
         if storage_dir is None:
             raise ValueError("an extraction server needs a storage_dir for its hidden states")
         extra = [*extraction_server_args(extract_layer_ids, storage_dir), *(extra or [])]
-    # As build_llm: eager on CPU for generation; compiled for extraction (see extract.py).
+    # As build_llm: eager on CPU for generation; compiled for extraction (see vllm_capture.py).
     eager = ["--enforce-eager"] if current_platform.is_cpu() and extract_layer_ids is None else []
     return [
         sys.executable, "-m", "vllm.entrypoints.openai.api_server",
@@ -61,8 +70,8 @@ def serve_command(
 
 def extraction_server_args(layer_ids: list[int], storage_dir: str | Path) -> list[str]:
     """vLLM server flags for hidden-state extraction, the same engine settings as the
-    in-process extraction engine (`eagleflow.extract`)."""
-    from eagleflow.extract import extraction_engine_settings
+    in-process extraction engine (`eagleflow.vllm_capture`)."""
+    from eagleflow.vllm_capture import extraction_engine_settings
 
     settings = extraction_engine_settings(layer_ids, str(storage_dir))
     return [
