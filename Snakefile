@@ -9,9 +9,19 @@ include: "rules/common.smk"
 include: "rules/demo.smk"
 include: "rules/prompts.smk"
 include: "rules/plan.smk"
-include: "rules/generate.smk"
+
+
+if ONE_PASS:
+
+    include: "rules/capture.smk"
+
+else:
+
+    include: "rules/generate.smk"
+    include: "rules/extract.smk"
+
+
 include: "rules/prepare.smk"
-include: "rules/extract.smk"
 include: "rules/vocab.smk"
 include: "rules/train.smk"
 include: "rules/evaluate.smk"

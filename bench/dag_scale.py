@@ -31,11 +31,11 @@ import time
 from pathlib import Path
 
 import yaml
+from rows import REPO, Row, finish, output_arguments
 
 from eagleflow.files import write_jsonl
 from eagleflow.plan import write_plan
 
-REPO = Path(__file__).resolve().parents[1]
 GOAL_SHARDS, GOAL_SECONDS = 1000, 15.0
 GOAL_NOOP_SECONDS = 5.0
 SAMPLES_PER_SHARD = 2
@@ -143,6 +143,37 @@ def noop_run(workdir: Path) -> dict:
     return figures
 
 
+def noop_row(noop: dict | None) -> Row:
+    if noop is None:
+        return Row("no-op `snakemake --cores all`",
+                   "not timed: no finished workflow directory (--noop-workdir)")  # fmt: skip
+    figure = f"no-op `snakemake --cores all` in {noop['workdir']}"
+    goal = f"0 jobs in <= {GOAL_NOOP_SECONDS:g} s"
+    if noop["seconds"] is None or not noop["nothing_to_be_done"]:
+        pending = ", ".join(f"{rule} {n}" for rule, n in noop["pending_jobs"].items())
+        done = "left, not run" if noop["seconds"] is None else "ran"
+        value = f"{noop['jobs'] or 'some'} jobs {done} ({pending or 'job table not read'})"
+        return Row(figure, value, goal, False, "noop")
+    value = f"0 jobs, {noop['seconds']:.1f} s (its dry run {noop['dry_run_seconds']:.1f} s)"
+    return Row(figure, value, goal, noop["seconds"] <= GOAL_NOOP_SECONDS, "noop.seconds")
+
+
+def table_rows(f: dict) -> list[Row]:
+    rows = []
+    for run in f["dry_runs"]:
+        goal = run["shards"] == GOAL_SHARDS
+        rows.append(
+            Row(
+                f"`snakemake -n`, {run['shards']:,} shards ({run['jobs']:,} jobs planned)",
+                f"{run['seconds']:.1f} s",
+                f"<= {GOAL_SECONDS:g} s" if goal else "",
+                run["seconds"] <= GOAL_SECONDS if goal else None,
+                "dry_runs",
+            )
+        )
+    return [*rows, noop_row(f.get("noop"))]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument(
@@ -151,7 +182,7 @@ def main() -> None:
     parser.add_argument(
         "--noop-workdir", type=Path, help="a finished workflow directory: time a no-op run there"
     )
-    parser.add_argument("--json", type=Path, help="also write the figures here")
+    output_arguments(parser, "dag_scale")
     args = parser.parse_args()
     counts = [int(n) for n in args.shards.split(",") if n.strip()]
     figures: dict = {
@@ -162,7 +193,6 @@ def main() -> None:
     print(f"goal: {GOAL_SHARDS:,} shards planned by `snakemake -n` in <= {GOAL_SECONDS:.0f} s\n")
     print("| shards | jobs planned | seconds |")
     print("|---:|---:|---:|")
-    goal_seconds = None
     with tempfile.TemporaryDirectory(prefix="bench-dag-") as tmp:
         for shards in counts:
             jobs, seconds = dry_run(planned_workdir(Path(tmp), shards))
@@ -170,29 +200,9 @@ def main() -> None:
             figures["dry_runs"].append(
                 {"shards": shards, "jobs": jobs, "seconds": round(seconds, 3)}
             )
-            if shards == GOAL_SHARDS:
-                goal_seconds = seconds
-    if goal_seconds is not None:
-        verdict = "met" if goal_seconds <= GOAL_SECONDS else "NOT met"
-        print(f"\ngoal {verdict}: {goal_seconds:.1f} s for {GOAL_SHARDS:,} shards")
     if args.noop_workdir:
-        noop = figures["noop"] = noop_run(args.noop_workdir)
-        if noop["seconds"] is None or not noop["nothing_to_be_done"]:
-            pending = ", ".join(f"{rule} {n}" for rule, n in noop["pending_jobs"].items())
-            done = "ran" if noop["seconds"] is not None else "left, not run"
-            print(
-                f"\nno-op run NOT a no-op: {noop['jobs'] or 'some'} jobs {done} in "
-                f"{noop['workdir']} ({pending or 'job table not read'})"
-            )
-        else:
-            met = "met" if noop["seconds"] <= GOAL_NOOP_SECONDS else "NOT met"
-            print(
-                f"\nno-op `snakemake --cores all` in {noop['workdir']}: 0 jobs, "
-                f"{noop['seconds']:.1f} s (dry run {noop['dry_run_seconds']:.1f} s); "
-                f"goal 0 jobs in <= {GOAL_NOOP_SECONDS:.0f} s {met}"
-            )
-    if args.json:
-        args.json.write_text(json.dumps(figures, indent=2) + "\n")
+        figures["noop"] = noop_run(args.noop_workdir)
+    finish(args, "DAG scale", table_rows(figures), figures)
 
 
 if __name__ == "__main__":

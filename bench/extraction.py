@@ -7,7 +7,7 @@ Measures, each job in a subprocess of its own:
       shard size (the 4x shard repeats the samples under new ids);
   (c) a naive HF loop: one sample at a time, `output_hidden_states=True`, `torch.save` per sample;
   (d) server mode: the same shard through one long-running extraction server
-      (`python -m eagleflow.serve --extract-layers`), server start excluded.
+      (`python -m eagleflow.extraction_server --extract-layers`), server start excluded.
 (a) and (b) run in `--rounds` rounds, their order alternating (this machine is shared and noisy:
 one-off ratios moved by 0.1 between runs); their tokens/s and b/a are medians, printed with each
 round's ratio. Then (a) and (b) once more as two engines kept running side by side, in
@@ -42,11 +42,17 @@ from statistics import median
 from typing import Any
 
 import psutil
+from rows import MIB, Row, finish, goal_row, joined, output_arguments
 
 from eagleflow.files import read_jsonl, write_jsonl
 from eagleflow.shards import DEFAULT_CODEC
 
 JOBS = ("generate", "prefill", "extract", "naive", "server")
+GOAL_EXTRACT_OVER_PREFILL = 0.90
+GOAL_EXTRACT_OVER_NAIVE = 3.5
+GOAL_STORED_OVER_RAW = 0.77
+# "Flat" peak memory from a 1x to a 4x shard, as a number: chosen here, not stated elsewhere.
+GOAL_RSS_GROWTH = 1.25
 
 
 def samples_from_records(records: list[dict]) -> list[dict]:
@@ -126,8 +132,10 @@ def warm_worker(kind: str, model: str, tokens: str, encode_threads: int, conn: C
     run one pass over `tokens` (an extraction writes the shard, deleted afterwards) and send
     back its seconds, timed as (a) and (b) are; None ends it."""
     os.environ["HF_HUB_OFFLINE"] = "1"
-    from eagleflow.extract import extract_vllm, extraction_engine, new_shard_writer, target_dims
+    from eagleflow.extract import extract_vllm, new_shard_writer
     from eagleflow.layers import default_layer_ids
+    from eagleflow.target_config import target_dims
+    from eagleflow.vllm_capture import extraction_engine
 
     samples = read_jsonl(tokens)
     if kind == "prefill":
@@ -202,8 +210,8 @@ def job_server(args: argparse.Namespace) -> dict:
     import socket
 
     from eagleflow.extract import extract_shard
+    from eagleflow.extraction_server import running_server
     from eagleflow.layers import default_layer_ids
-    from eagleflow.serve import running_server
     from eagleflow.target_config import target_num_layers
 
     num_layers = target_num_layers(args.model)
@@ -312,10 +320,67 @@ def build_samples(args: argparse.Namespace, work: Path) -> list[dict]:
     return samples_from_records(read_jsonl(responses))
 
 
-def table(rows: list[tuple[str, str, str]]) -> str:
-    lines = ["| measure | value | goal |", "|---|---|---|"]
-    lines += [f"| {name} | {value} | {goal} |" for name, value, goal in rows]
-    return "\n".join(lines)
+def table_rows(f: dict) -> list[Row]:
+    rss_growth = f["peak_rss_4x"] / f["peak_rss_1x"]
+    process_growth = f["max_process_rss_4x"] / f["max_process_rss_1x"]
+    flat = f"flat: 4x <= {GOAL_RSS_GROWTH:g} x 1x"
+
+    def b_over_a(figure: str, key: str) -> Row:
+        return goal_row(figure, f[key], GOAL_EXTRACT_OVER_PREFILL, key)
+
+    return [
+        Row("rounds of (a) and (b) (their figures below: medians)", f"{f['rounds']}", key="rounds"),
+        Row("(a) bare vLLM prefill, tok/s", f"{f['prefill_tok_s']:,.0f}", key="prefill_tok_s"),
+        Row("(b) vLLM extraction to zarr, tok/s", f"{f['extract_tok_s']:,.0f}",
+            key="extract_tok_s"),
+        Row("(c) naive HF loop + torch.save, tok/s", f"{f['naive_tok_s']:,.0f}", key="naive_tok_s"),
+        Row("(d) extraction through one vLLM server, tok/s", f"{f['server_tok_s']:,.0f}",
+            key="server_tok_s"),
+        Row("(a) / (b) at 4x, tok/s",
+            f"{f['prefill_4x_tok_s']:,.0f} / {f['extract_4x_tok_s']:,.0f}",
+            key="prefill_4x_tok_s, extract_4x_tok_s"),
+        b_over_a("b / a, 1x shard", "extract_over_prefill"),
+        b_over_a("b / a, 4x shard", "extract_over_prefill_4x"),
+        Row("b / a by round, 1x; 4x",
+            f"{joined(f['extract_over_prefill_by_round'])}; "
+            f"{joined(f['extract_over_prefill_4x_by_round'])}",
+            key="extract_over_prefill_by_round"),
+        Row(f"warm engines, {f['warm_pairs']} pairs of passes back to back: (a) / (b) tok/s",
+            f"{f['warm_prefill_tok_s']:,.0f} / {f['warm_extract_tok_s']:,.0f}",
+            key="warm_prefill_tok_s, warm_extract_tok_s"),
+        b_over_a("b / a, warm engines (median of the pairs)", "extract_over_prefill_warm"),
+        Row("b / a by pair, warm engines", joined(f["extract_over_prefill_warm_by_pair"]),
+            key="extract_over_prefill_warm_by_pair"),
+        Row(f"(b1) as (b) with chunks encoded on the engine's thread instead of "
+            f"{f['encode_threads']} encode threads: tok/s, b1 / a",
+            f"{f['extract_serial_tok_s']:,.0f}, {f['serial_over_prefill']:.2f}",
+            key="extract_serial_tok_s, serial_over_prefill"),
+        Row("(b0) as (b) without compression: tok/s, b0 / a",
+            f"{f['uncompressed_tok_s']:,.0f}, {f['uncompressed_over_prefill']:.2f}",
+            key="uncompressed_tok_s, uncompressed_over_prefill"),
+        Row("us/token: prefill (a); extraction beyond it; of which compression",
+            f"{f['prefill_us_per_token']:.1f}; {f['extraction_us_per_token']:.1f}; "
+            f"{f['compression_us_per_token']:.1f}",
+            key="prefill_us_per_token, extraction_us_per_token, compression_us_per_token"),
+        goal_row("b / c", f["extract_over_naive"], GOAL_EXTRACT_OVER_NAIVE, "extract_over_naive"),
+        Row("d / b (server mode vs in-process)", f"{f['server_over_extract']:.2f}",
+            key="server_over_extract"),
+        Row("activation bytes/token: stored / raw bf16",
+            f"{f['stored_bytes_per_token']:.0f} / {f['raw_bytes_per_token']:.0f} = "
+            f"{f['stored_over_raw']:.3f}",
+            f"<= {GOAL_STORED_OVER_RAW:g}", f["stored_over_raw"] <= GOAL_STORED_OVER_RAW,
+            "stored_over_raw"),
+        Row("naive torch.save bytes/token", f"{f['naive_bytes_per_token']:.0f}",
+            key="naive_bytes_per_token"),
+        Row("peak RSS of an extraction job (process tree), 1x / 4x shard",
+            f"{f['peak_rss_1x'] / MIB:,.0f} / {f['peak_rss_4x'] / MIB:,.0f} MiB "
+            f"(x{rss_growth:.2f})",
+            flat, rss_growth <= GOAL_RSS_GROWTH, "peak_rss_1x, peak_rss_4x"),
+        Row("largest process of the extraction job, 1x / 4x shard",
+            f"{f['max_process_rss_1x'] / MIB:,.0f} / {f['max_process_rss_4x'] / MIB:,.0f} MiB "
+            f"(x{process_growth:.2f})",
+            flat, process_growth <= GOAL_RSS_GROWTH, "max_process_rss_1x, max_process_rss_4x"),
+    ]  # fmt: skip
 
 
 def main() -> None:
@@ -326,7 +391,7 @@ def main() -> None:
     parser.add_argument("--n", type=int, default=300)
     parser.add_argument("--max-new-tokens", type=int, default=256)
     parser.add_argument("--workdir", type=Path, help="keep the shards and logs here")
-    parser.add_argument("--json", type=Path, help="also write the figures here")
+    output_arguments(parser, "extraction")
     # Internal: run one job (in a subprocess of the bench).
     parser.add_argument("--job", choices=JOBS, help=argparse.SUPPRESS)
     parser.add_argument("--result", type=Path, help=argparse.SUPPRESS)
@@ -439,50 +504,8 @@ def main() -> None:
         "extract_1x": extract_1x,
         "extract_4x": extract_4x,
     }
-    mib = 2**20
-    rows = [
-        ("(a) bare vLLM prefill, tok/s", f"{prefill_1x['tokens_per_s']:.0f}", ""),
-        ("(b) vLLM extraction to zarr, tok/s", f"{extract_1x['tokens_per_s']:.0f}", ""),
-        ("(c) naive HF loop + torch.save, tok/s", f"{naive['tokens_per_s']:.0f}", ""),
-        ("(d) extraction through one vLLM server, tok/s", f"{server['tokens_per_s']:.0f}", ""),
-        ("d / b (server mode vs in-process)", f"{figures['server_over_extract']:.2f}", ""),
-        (f"b / a (median of {args.rounds} rounds; by round)",
-         f"{figures['extract_over_prefill']:.2f}; "
-         + ", ".join(f"{x:.2f}" for x in by_round["extract_over_prefill_by_round"]), ">= 0.90"),
-        (f"warm engines, {args.warm_pairs} pairs of passes back to back: (a) / (b) tok/s "
-         "(medians), b / a (median; by pair)",
-         f"{warm['warm_prefill_tok_s']:.0f} / {warm['warm_extract_tok_s']:.0f}, "
-         f"{warm['extract_over_prefill_warm']:.2f}; "
-         + ", ".join(f"{x:.2f}" for x in warm["extract_over_prefill_warm_by_pair"]), ">= 0.90"),
-        (f"(b1) as (b) with chunks encoded on the engine's thread instead of {args.encode_threads} "
-         "encode threads, tok/s; b1 / a",
-         f"{serial['tokens_per_s']:.0f}; {figures['serial_over_prefill']:.2f}", ""),
-        ("(b0) as (b) without compression (codec none), tok/s; b0 / a",
-         f"{uncompressed['tokens_per_s']:.0f}; {figures['uncompressed_over_prefill']:.2f}", ""),
-        ("us/token: prefill (a); extraction beyond it (b - a); of which compression (b - b0)",
-         f"{figures['prefill_us_per_token']:.1f}; {figures['extraction_us_per_token']:.1f}; "
-         f"{figures['compression_us_per_token']:.1f}", ""),
-        ("b / c", f"{figures['extract_over_naive']:.2f}", ">= 3.5"),
-        ("activation bytes/token: stored / raw bf16",
-         f"{stored_per_token:.0f} / {raw_per_token:.0f} = {figures['stored_over_raw']:.3f}",
-         "<= 0.77"),
-        ("naive torch.save bytes/token", f"{figures['naive_bytes_per_token']:.0f}", ""),
-        ("peak RSS of an extraction job (process tree), 1x shard",
-         f"{extract_1x['peak_rss'] / mib:.0f} MiB ({extract_1x['tokens']} tokens)", "flat"),
-        ("peak RSS of an extraction job (process tree), 4x shard",
-         f"{extract_4x['peak_rss'] / mib:.0f} MiB ({extract_4x['tokens']} tokens)", "flat"),
-        ("at 4x: (a) / (b) tok/s, b / a (median; by round)",
-         f"{prefill_4x['tokens_per_s']:.0f} / {extract_4x['tokens_per_s']:.0f}, "
-         f"{figures['extract_over_prefill_4x']:.2f}; "
-         + ", ".join(f"{x:.2f}" for x in by_round["extract_over_prefill_4x_by_round"]), ">= 0.90"),
-        ("largest process of the extraction job, 1x / 4x",
-         f"{extract_1x['max_process_rss'] / mib:.0f} / {extract_4x['max_process_rss'] / mib:.0f}"
-         " MiB", "flat"),
-    ]  # fmt: skip
-    print(table(rows))
     print(f"\nshards, logs: {work}")
-    if args.json:
-        args.json.write_text(json.dumps(figures, indent=2) + "\n")
+    finish(args, "Extraction", table_rows(figures), figures)
 
 
 if __name__ == "__main__":

@@ -21,7 +21,8 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from extraction import warm_pairs
+from extraction import GOAL_EXTRACT_OVER_PREFILL, warm_pairs
+from rows import Row, finish, goal_row, joined, output_arguments
 
 
 def parameter_count(model_dir: Path) -> int:
@@ -55,6 +56,30 @@ def widened_target(model_dir: Path, hidden_size: int, out: Path) -> None:
             shutil.copy(path, out / path.name)
 
 
+def table_rows(f: dict) -> list[Row]:
+    """b / a on the demo target and on random-weight copies of it widened (warm pairs)."""
+    rows = []
+    for i, width in enumerate(f["widths"]):
+        target = "random weights" if width["random_weights"] else "the demo target"
+        name = f"hidden {width['hidden_size']} ({width['parameters'] / 1e6:.1f} M, {target})"
+        rows += [
+            Row(
+                f"{name}: (a) / (b) tok/s; b - a, us/token; b / a by pair",
+                f"{width['warm_prefill_tok_s']:,.0f} / {width['warm_extract_tok_s']:,.0f}; "
+                f"{width['extraction_us_per_token']:.1f}; "
+                f"{joined(width['extract_over_prefill_warm_by_pair'])}",
+                key=f"widths[{i}]",
+            ),
+            goal_row(
+                f"{name}: b / a (median of the pairs)",
+                width["extract_over_prefill_warm"],
+                GOAL_EXTRACT_OVER_PREFILL,
+                f"widths[{i}].extract_over_prefill_warm",
+            ),
+        ]
+    return rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--model", type=Path, default=Path("results/demo/target"))
@@ -65,7 +90,7 @@ def main() -> None:
     parser.add_argument("--warm-pairs", type=int, default=8)
     parser.add_argument("--encode-threads", type=int, default=2)
     parser.add_argument("--workdir", type=Path, help="keep the widened targets here")
-    parser.add_argument("--json", type=Path, help="also write the figures here")
+    output_arguments(parser, "extraction_scaling")
     args = parser.parse_args()
 
     work = args.workdir or Path(tempfile.mkdtemp(prefix="bench-scaling-"))
@@ -75,8 +100,6 @@ def main() -> None:
         targets[hidden] = work / f"target-{hidden}"
         widened_target(args.model, hidden, targets[hidden])
 
-    rows = ["| hidden | parameters | (a) prefill tok/s | (b) extraction tok/s | "
-            "b - a, us/token | b / a (median; by pair) |", "|---|---|---|---|---|---|"]  # fmt: skip
     figures = []
     for hidden, model in targets.items():
         run = argparse.Namespace(
@@ -92,18 +115,9 @@ def main() -> None:
             - 1e6 / warm["warm_prefill_tok_s"],
         }
         figures.append(figure)
-        by_pair = ", ".join(f"{x:.2f}" for x in warm["extract_over_prefill_warm_by_pair"])
-        rows.append(
-            f"| {hidden} | {figure['parameters'] / 1e6:.1f} M"
-            f"{' (random)' if figure['random_weights'] else ''} | "
-            f"{warm['warm_prefill_tok_s']:.0f} | {warm['warm_extract_tok_s']:.0f} | "
-            f"{figure['extraction_us_per_token']:.1f} | "
-            f"{warm['extract_over_prefill_warm']:.2f}; {by_pair} |"
-        )
-    print("\n".join(rows))
     print(f"\nwidened targets: {work}")
-    if args.json:
-        args.json.write_text(json.dumps({"widths": figures}, indent=2) + "\n")
+    result = {"widths": figures}
+    finish(args, "Extraction against the target's width", table_rows(result), result)
 
 
 if __name__ == "__main__":

@@ -30,16 +30,19 @@ from pathlib import Path
 import numpy as np
 import torch
 import yaml
+from rows import REPO, Row, finish, finished_run, output_arguments
 
-REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from eagleflow.compare import compare_shards  # noqa: E402
-from eagleflow.faults import planned_shards, snakemake  # noqa: E402
-from eagleflow.fp8 import E4M3_MAX, dequantize, quantize  # noqa: E402
-from eagleflow.shards import open_shard, uint16_to_bf16  # noqa: E402
+from eagleflow.compare import compare_shards
+from eagleflow.shards import open_shard, uint16_to_bf16
+from eagleflow.shards.fp8 import E4M3_MAX, dequantize, quantize
+from tests.faults import planned_shards, snakemake
 
 CODEC = "fp8-e4m3"
+# Issue 23: fp8 shards at most 0.40 of raw bf16, and at most 1% less served acceptance.
+GOAL_STORED_OVER_RAW = 0.40
+GOAL_SERVED_DROP = 0.01
 # Made again from the shards in the copy: a resumed checkpoint would skip the training.
 RECOMPUTED = ("results/hidden", "results/checkpoints", "results/drafter", "results/eval")
 
@@ -151,17 +154,66 @@ def granularity(reference: Path) -> dict:
     return result
 
 
+def table_rows(f: dict) -> list[Row]:
+    s, d, r = f["storage"], f["drafter"], f["reconstruction"]
+    layers = ", ".join(
+        f"{layer} {r['mean_relative_error'][layer]:.4f} ({r['max_relative_error'][layer]:.4f})"
+        for layer in r["mean_relative_error"]
+    )
+    k = d["fp8"]["k"]
+    granularity = f["scale_granularity"]
+    return [
+        Row("stored / raw bf16 bytes per token of the activations: lossless; fp8",
+            f"{s['lossless']['stored_over_raw']:.3f} ({s['lossless']['codec']}); "
+            f"{s['fp8']['stored_over_raw']:.3f}",
+            f"fp8 <= {GOAL_STORED_OVER_RAW:g}", s["fp8"]["stored_over_raw"] <= GOAL_STORED_OVER_RAW,
+            "storage"),
+        Row(f"relative error per layer, mean (max) over {r['samples']} samples", layers,
+            key="reconstruction"),
+        Row(f"offline mean acceptance length K={k}: lossless; fp8",
+            f"{d['lossless']['offline_mean_acceptance_length']:.3f}; "
+            f"{d['fp8']['offline_mean_acceptance_length']:.3f}",
+            key="drafter.*.offline_mean_acceptance_length"),
+        Row(f"served mean acceptance length K={k} (vLLM): lossless; fp8; relative drop",
+            f"{d['lossless']['served_mean_acceptance_length']:.3f}; "
+            f"{d['fp8']['served_mean_acceptance_length']:.3f}; {f['served_relative_drop']:+.2%}",
+            f"drop <= {GOAL_SERVED_DROP:.0%}", f["served_relative_drop"] <= GOAL_SERVED_DROP,
+            "served_relative_drop"),
+        *(
+            Row(f"relative error, per-channel vs per-token scales, {label}: all values; other "
+                "channels of the outlier tokens; outlier channels of the other tokens",
+                "; ".join(f"{granularity[case + '.per_channel'][part]:.4f} vs "
+                          f"{granularity[case + '.per_token'][part]:.4f}"
+                          for part in ("all_values", "other_channels_of_first_tokens",
+                                       "planted_channels_of_other_tokens")),
+                key=f"scale_granularity.{case}")
+            for case, label in (("as_is", "as stored"),
+                                ("massive_planted", "massive activations planted"))
+        ),
+        Row("train job, s: lossless; fp8 (same seed, steps, samples)",
+            f"{d['lossless']['train_seconds']:,.0f}; {d['fp8']['train_seconds']:,.0f}",
+            key="drafter.*.train_seconds"),
+    ]  # fmt: skip
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--reference", type=Path, default=REPO, help="a finished lossless run")
+    parser.add_argument(
+        "--reference",
+        type=finished_run(
+            "results/eval/offline.json", "results/eval/serving.json", "results/benchmarks/train.tsv"
+        ),
+        default=".",
+        help="a finished run, extracted with a lossless codec",
+    )
     parser.add_argument("--workdir", type=Path, default=Path("/tmp/eagleflow-fp8"))
-    parser.add_argument("--json", type=Path)
+    output_arguments(parser, "fp8")
     parser.add_argument(
         "--reuse", action="store_true", help="take the fp8 run already in --workdir (tables only)"
     )
     args = parser.parse_args()
 
-    reference = args.reference.resolve()
+    reference = args.reference
     config = yaml.safe_load((reference / "config.yaml").read_text())
     lossless_codec = (config.get("extract") or {}).get("codec", "shuffle-zstd1")
     if lossless_codec == CODEC:
@@ -189,16 +241,7 @@ def main() -> None:
     served = {name: d["served_mean_acceptance_length"] for name, d in result["drafter"].items()}
     result["served_relative_drop"] = round(1 - served["fp8"] / served["lossless"], 4)
     result["fp8_stored_over_raw"] = result["storage"]["fp8"]["stored_over_raw"]
-    print(json.dumps(result, indent=2))
-    s, d = result["storage"], result["drafter"]
-    print(
-        f"stored / raw bf16: lossless {s['lossless']['stored_over_raw']:.3f}, fp8 "
-        f"{s['fp8']['stored_over_raw']:.3f} (goal <= 0.40); served acceptance K={d['fp8']['k']}: "
-        f"lossless {served['lossless']:.3f}, fp8 {served['fp8']:.3f} "
-        f"(drop {result['served_relative_drop']:+.2%}; goal <= 1%)"
-    )
-    if args.json:
-        args.json.write_text(json.dumps(result, indent=2))
+    finish(args, "Lossy fp8 storage", table_rows(result), result)
 
 
 if __name__ == "__main__":

@@ -10,18 +10,17 @@ greedy token ids are identical between backends (with the position of the first 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import time
-from pathlib import Path
 
+from rows import Row, finish, output_arguments
 from transformers import AutoTokenizer
 
 from eagleflow.chat import render_prompt_ids
+from eagleflow.extraction_server import running_server
 from eagleflow.files import read_jsonl
 from eagleflow.generate import Completion, Sampling, generate_hf, generate_server
-from eagleflow.serve import running_server
-from eagleflow.serving import generate_plain
+from eagleflow.spec_decode import generate_plain
 
 
 def first_difference(a: list[int], b: list[int]) -> int | None:
@@ -46,6 +45,33 @@ def compare(name: str, reference: list, other: list) -> dict:
     }
 
 
+BACKENDS = {"vllm": "vLLM in-process", "server": "vLLM server", "hf": "HF"}
+
+
+def table_rows(f: dict) -> list[Row]:
+    rows = [
+        Row(
+            f"{BACKENDS[name]}, tok/s ({f['prompts']} prompts, greedy)",
+            f"{b['tokens_per_s']:,.0f}",
+            key=f"backends.{name}.tokens_per_s",
+        )
+        for name, b in f["backends"].items()
+    ]
+    rows.append(
+        Row("server / in-process tok/s", f"{f['server_over_inprocess']:.2f}",
+            key="server_over_inprocess")
+    )  # fmt: skip
+    rows += [
+        Row(
+            f"{a['pair']}: identical greedy token ids",
+            f"{a['identical']}/{a['of']} ({a['fraction']:.1%})",
+            key="agreement",
+        )
+        for a in f["agreement"]
+    ]
+    return rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--model", default="results/demo/target")
@@ -54,7 +80,7 @@ def main() -> None:
     parser.add_argument("--max-new-tokens", type=int, default=256)
     parser.add_argument("--port", type=int, default=18731)
     parser.add_argument("--skip-hf", action="store_true")
-    parser.add_argument("--json", type=Path, help="also write the figures here")
+    output_arguments(parser, "generation")
     args = parser.parse_args()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
@@ -84,15 +110,12 @@ def main() -> None:
 
     figures = {"prompts": len(prompt_ids), "backends": {}, "agreement": []}
     print(f"\n{len(prompt_ids)} prompts, greedy, max_new_tokens={args.max_new_tokens}")
-    print(f"{'backend':<8} {'tokens':>8} {'seconds':>8} {'tok/s':>8}")
     for name, (completions, seconds) in runs.items():
         tokens = sum(len(c.token_ids) for c in completions)
         figures["backends"][name] = {"tokens": tokens, "seconds": round(seconds, 2),
                                      "tokens_per_s": round(tokens / seconds, 1)}  # fmt: skip
-        print(f"{name:<8} {tokens:>8} {seconds:>8.1f} {tokens / seconds:>8.0f}")
     rate = {k: v["tokens_per_s"] for k, v in figures["backends"].items()}
     figures["server_over_inprocess"] = round(rate["server"] / rate["vllm"], 3)
-    print(f"server / in-process tok/s: {figures['server_over_inprocess']:.2f}")
     reference = runs["vllm"][0]
     for other in [k for k in runs if k != "vllm"]:
         agreement = compare(f"vllm vs {other}", reference, runs[other][0])
@@ -102,8 +125,7 @@ def main() -> None:
             f"{agreement['of']} prompts ({agreement['fraction']:.1%}); median first differing "
             f"position among the rest: {agreement['median_first_difference']}"
         )
-    if args.json:
-        args.json.write_text(json.dumps(figures, indent=2) + "\n")
+    finish(args, "Generation", table_rows(figures), figures)
 
 
 if __name__ == "__main__":

@@ -22,7 +22,7 @@ Each part runs in a subprocess of its own (a fresh CUDA context, a hard timeout)
 would start past `--budget` seconds are skipped. Without CUDA the GPU parts are skipped, unless
 `--allow-cpu` runs them on the CPU (to test this script with tiny settings):
 
-    python3 bench/gpu.py --data .gpu --json $OUT/gpu.json
+    python3 bench/gpu.py --data .gpu --rows $OUT/gpu-rows.json --json $OUT/gpu.json
     .venv/bin/python bench/gpu.py --data .gpu --allow-cpu --repeat 1 --max-samples 40 \
         --steps 5 --big-batch 4096 --cpu-limit 60
 """
@@ -41,9 +41,10 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+from rows import REPO, Row, finish, output_arguments
+
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
 
 JOBS = ("extract", "naive", "train")
 # The tolerance of tests/test_extract.py (vLLM vs HF backends, per layer), in case that module
@@ -95,7 +96,7 @@ def job_naive(args: argparse.Namespace) -> dict:
 
     from eagleflow.files import read_jsonl, write_jsonl
 
-    bench = load_module("bench_extraction", ROOT / "bench" / "extraction.py")
+    bench = load_module("bench_extraction", REPO / "bench" / "extraction.py")
     device = "cuda" if torch.cuda.is_available() else "cpu"
     warm_tokens = Path(args.out).with_name("naive-warmup.jsonl")
     write_jsonl(warm_tokens, read_jsonl(args.tokens)[:16])
@@ -209,7 +210,7 @@ class Runner:
         for key, value in options.items():
             argv += [f"--{key.replace('_', '-')}", str(value)]
         env = dict(os.environ, HF_HUB_OFFLINE="1", TQDM_MININTERVAL="5")
-        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
         if cpu:
             env["CUDA_VISIBLE_DEVICES"] = ""
         log = self.work / f"{result.stem}.log"
@@ -268,7 +269,7 @@ def environment() -> dict:
 def tolerance_and_metric():
     """`relative_error` and the backend tolerance of tests/test_extract.py, when importable."""
     try:
-        tests = load_module("test_extract", ROOT / "tests" / "test_extract.py")
+        tests = load_module("test_extract", REPO / "tests" / "test_extract.py")
         return tests.relative_error, tests.TOL_BACKENDS, "tests/test_extract.py"
     except Exception as err:  # e.g. no pytest here
 
@@ -333,7 +334,7 @@ def train_settings(args: argparse.Namespace, work: Path, name: str, **overrides)
 
     from eagleflow.train import TrainSettings
 
-    config = yaml.safe_load((ROOT / "config.yaml").read_text())["train"]
+    config = yaml.safe_load((REPO / "config.yaml").read_text())["train"]
     fields = {f.name for f in dataclasses.fields(TrainSettings)}
     run = work / name
     settings = {k: v for k, v in config.items() if k in fields}
@@ -375,7 +376,7 @@ def fmt(x: float | None, digits: int = 2) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--data", type=Path, default=Path(".gpu"))
-    parser.add_argument("--json", type=Path, help="also write the figures here")
+    output_arguments(parser, "gpu")
     parser.add_argument("--repeat", type=int, default=8, help="copies of the token shards")
     parser.add_argument("--max-samples", type=int, help="use only the first samples")
     parser.add_argument("--cpu-limit", type=float, default=60, help="s for the CPU extraction")
@@ -516,15 +517,10 @@ def main() -> None:
             value = rate(t, "steady_tokens_per_s")
         label = f"training on {device}, batch {t.get('batch_tokens', name)}"
         rows.append((f"{label}, {t.get('num_workers', '?')} loader worker(s)", value))
-    say("\n| measure | value |\n|---|---|")
-    for name, value in rows:
-        say(f"| {name} | {value} |")
     figures["table"] = rows
     figures["seconds"] = time.monotonic() - runner.start
     say(f"\ntotal {figures['seconds']:.0f} s; shards and logs: {work}")
-    if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(figures, indent=2, default=str) + "\n")
+    finish(args, f"Extraction and training on {device}", [Row(*row) for row in rows], figures)
     if args.workdir is None:
         shutil.rmtree(work, ignore_errors=True)
     for name in ("gpu", "cpu"):
@@ -536,7 +532,7 @@ def main() -> None:
 def yaml_train_config() -> dict:
     import yaml
 
-    return yaml.safe_load((ROOT / "config.yaml").read_text())["train"]
+    return yaml.safe_load((REPO / "config.yaml").read_text())["train"]
 
 
 if __name__ == "__main__":

@@ -2,10 +2,12 @@
 
   (a) two passes: the workflow's generate jobs, then prepare, then extract jobs (a second,
       prefill-only pass of the target over every token);
-  (b) one pass: `extract.capture: during_generation`, the generate jobs capture the states.
+  (b) one pass: `extract.capture: during_generation`, the states captured as the responses
+      are generated.
 
 Both run `snakemake hidden` (from the plan to the last shard) in their own copy of a finished
-run's demo target and prompts, with the same config otherwise. Prints the wall time and
+run's demo target and prompts, with the same config otherwise (the run's own, unless
+`--config`; `--prompts` and `--train-steps` set over it). Prints the wall time and
 tokens/s of each and the ratio one/two (goal <= 0.6); the comparison of every one-pass shard
 with the separate pass's (`eagleflow.compare`); then the offline acceptance (K=3) of a drafter
 trained on each dataset, with a second drafter on the two-pass data (another seed) for the
@@ -24,13 +26,15 @@ import time
 from pathlib import Path
 
 import yaml
+from rows import REPO, Row, finish, finished_run, output_arguments
 
-REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from eagleflow.compare import compare_shards  # noqa: E402
-from eagleflow.faults import planned_shards, snakemake  # noqa: E402
-from eagleflow.shards import open_shard  # noqa: E402
+from eagleflow.compare import compare_shards
+from eagleflow.shards import open_shard
+from tests.faults import planned_shards, snakemake
+
+GOAL_ONE_OVER_TWO = 0.6
 
 
 def prepare_workdir(reference: Path, workdir: Path, config: dict) -> None:
@@ -57,17 +61,45 @@ def offline_k3(workdir: Path) -> float:
     return round(by_k["3"]["mean_acceptance_length"], 4)
 
 
+def table_rows(f: dict) -> list[Row]:
+    c, acc = f["comparison"], f["offline_mean_acceptance_k3"]
+    return [
+        Row("prompts, drafter training steps", f"{f['prompts']}, {f['train_steps']}"),
+        Row("two passes (generate, prepare, extract): s, tok/s",
+            f"{f['two_pass']['seconds']:,.0f}, {f['two_pass']['tokens_per_s']:,}", key="two_pass"),
+        Row("one pass (capture during generation): s, tok/s",
+            f"{f['one_pass']['seconds']:,.0f}, {f['one_pass']['tokens_per_s']:,}", key="one_pass"),
+        Row("one pass / two passes, wall time", f"{f['one_over_two']:.2f}",
+            f"<= {GOAL_ONE_OVER_TWO:g}", f["one_over_two"] <= GOAL_ONE_OVER_TWO, "one_over_two"),
+        Row("one-pass vs separate-pass shards: identical ids; beyond tolerance",
+            f"{c['identical_ids']}/{c['samples_compared']}; {c['beyond_tolerance']}", "all; 0",
+            c["identical_ids"] == c["samples_compared"] and c["beyond_tolerance"] == 0,
+            "comparison"),
+        Row("max relative error of states (last layer)",
+            f"{c['max_relative_error'].get('last', float('nan')):.4f}",
+            key="comparison.max_relative_error"),
+        Row("offline acceptance K=3: one pass vs two passes (two passes, seed 1)",
+            f"{acc['one_pass']:.3f} vs {acc['two_pass']:.3f} ({acc['two_pass_seed1']:.3f})",
+            "difference within seed noise", acc["within_noise"], "offline_mean_acceptance_k3"),
+    ]  # fmt: skip
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--reference", type=Path, default=REPO, help="a run with results/demo")
-    parser.add_argument("--config", type=Path, default=REPO / "config.yaml")
+    parser.add_argument(
+        "--reference",
+        type=finished_run("results/demo/target"),
+        default=".",
+        help="a finished run (its demo target and config are used)",
+    )
+    parser.add_argument("--config", type=Path, help="default: the reference's config.yaml")
     parser.add_argument("--workdir", type=Path, default=Path("/tmp/eagleflow-one-pass"))
     parser.add_argument("--prompts", type=int, default=1000, help="prompts.limit (null: all)")
     parser.add_argument("--train-steps", type=int, default=300)
-    parser.add_argument("--json", type=Path)
+    output_arguments(parser, "one_pass")
     args = parser.parse_args()
 
-    config = yaml.safe_load(args.config.read_text())
+    config = yaml.safe_load((args.config or args.reference / "config.yaml").read_text())
     config["prompts"]["limit"] = args.prompts
     config["train"]["steps"] = args.train_steps
     config["train"]["eval_every"] = 0
@@ -114,15 +146,7 @@ def main() -> None:
         "seed_noise": round(noise, 4),
         "within_noise": difference <= noise,
     }
-    print(json.dumps(result, indent=2))
-    print(
-        f"one pass / two passes: {result['one_over_two']:.2f} "
-        f"({result['one_pass']['seconds']:.0f} s vs {result['two_pass']['seconds']:.0f} s; goal "
-        f"<= 0.6); offline acceptance K=3 one pass {acceptance['one_pass']:.3f} vs two passes "
-        f"{acceptance['two_pass']:.3f} (another seed {acceptance['two_pass_seed1']:.3f})"
-    )
-    if args.json:
-        args.json.write_text(json.dumps(result, indent=2))
+    finish(args, "One pass vs two passes", table_rows(result), result)
 
 
 if __name__ == "__main__":

@@ -14,14 +14,15 @@ config is needed. Goal: |error| <= 2%, as tests/test_status.py asserts on synthe
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from dataclasses import asdict
 from pathlib import Path
 
+from rows import Row, finish, output_arguments
+
 from eagleflow.logs import InputError
 from eagleflow.shards import open_shard
-from eagleflow.status import human_bytes, projection_check
+from eagleflow.status import projection_check
 
 GOAL_ABS_ERROR = 0.02
 
@@ -39,7 +40,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--results", type=Path, default=Path("results"))
     parser.add_argument("--fraction", type=float, default=0.1, help="of the shards measured")
-    parser.add_argument("--json", type=Path, help="also write the figures here")
+    output_arguments(parser, "projection")
     args = parser.parse_args()
     try:
         num_aux, hidden_size = shard_shape(args.results)
@@ -48,14 +49,16 @@ def main() -> None:
         )
     except (InputError, FileNotFoundError) as err:
         sys.exit(f"error: {err}")
-    met = "met" if abs(check.relative_error) <= GOAL_ABS_ERROR else "NOT met"
-    print(
-        f"projected from {check.shards_measured}/{check.shards_total} shards: "
-        f"{human_bytes(check.projected_bytes)}; actual {human_bytes(check.actual_bytes)}; "
-        f"error {check.relative_error:+.2%} (goal |error| <= {GOAL_ABS_ERROR:.0%}: {met})"
+    error = check.relative_error
+    row = Row(
+        f"final size projected from the first {check.shards_measured}/{check.shards_total} "
+        "shards vs actual",
+        f"{check.projected_bytes / 1e6:,.1f} vs {check.actual_bytes / 1e6:,.1f} MB ({error:+.2%})",
+        f"abs(error) <= {GOAL_ABS_ERROR:.0%}",
+        abs(error) <= GOAL_ABS_ERROR,
+        "relative_error",
     )
-    if args.json:
-        args.json.write_text(json.dumps(asdict(check), indent=2) + "\n")
+    finish(args, "Disk projection error", [row], asdict(check))
 
 
 if __name__ == "__main__":

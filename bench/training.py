@@ -37,10 +37,13 @@ from pathlib import Path
 from statistics import median
 
 import torch
+from rows import Row, finish, goal_row, joined, output_arguments
 from torch.utils.data import DataLoader, Dataset
 
 from eagleflow.loader import epoch_batches, list_samples, make_loader, pad_batch, window_tokens
 from eagleflow.shards import open_shard
+
+GOAL_LOADER_RATIO = 3.0  # cold page cache
 
 
 class PerSampleFiles(Dataset):
@@ -124,6 +127,35 @@ def train_run(
     return seconds, rates[-1]
 
 
+def table_rows(f: dict) -> list[Row]:
+    return [
+        Row("loader data: one epoch over copies of the demo shards, batches, workers; rounds "
+            "(figures below: medians)",
+            f"{f['copies']} copies, {f['samples']:,} samples; {f['loader_batches']}; "
+            f"{f['workers']}; {f['rounds']}", key="copies"),
+        Row("(a) loader, zarr shards (ours), tok/s in steady state, cold / warm page cache",
+            f"{f['zarr_loader_cold_tok_s']:,.0f} / {f['zarr_loader_tok_s']:,.0f}",
+            key="zarr_loader_cold_tok_s"),
+        Row("(b) loader, per-sample torch.load, tok/s in steady state, cold / warm page cache",
+            f"{f['per_sample_loader_cold_tok_s']:,.0f} / {f['per_sample_loader_tok_s']:,.0f}",
+            key="per_sample_loader_cold_tok_s"),
+        Row("seconds to the first batch (worker start-up), (a) / (b), cold",
+            f"{f['zarr_loader_first_batch_s']:.2f} / {f['per_sample_loader_first_batch_s']:.2f}",
+            key="zarr_loader_first_batch_s"),
+        goal_row("loader ratio a / b, cold page cache", f["loader_ratio_cold"], GOAL_LOADER_RATIO,
+                 "loader_ratio_cold"),
+        Row("loader ratio a / b by round, cold; warm",
+            f"{joined(f['loader_ratio_cold_by_round'])}; {joined(f['loader_ratio_by_round'])}",
+            key="loader_ratio_cold_by_round"),
+        Row("loader ratio a / b, warm page cache", f"{f['loader_ratio']:.2f}", key="loader_ratio"),
+        Row(f"(c) training steps/s: steady state; {f['train_steps']} steps with start-up and "
+            "export", f"{f['train_steady_steps_per_s']:.2f}; {f['train_steps_per_s']:.2f}",
+            key="train_steps_per_s"),
+        Row(f"(c) training tok/s in steady state (batch {f['batch_tokens']} tokens)",
+            f"{f['train_steady_tok_s']:,.0f}", key="train_steady_tok_s"),
+    ]  # fmt: skip
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--results", default="results")
@@ -132,7 +164,7 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=1)
     parser.add_argument("--rounds", type=int, default=3, help="loader timings, medians printed")
     parser.add_argument("--train-steps", type=int, default=30)
-    parser.add_argument("--json", type=Path, help="also write the figures here")
+    output_arguments(parser, "training")
     args = parser.parse_args()
     results = Path(args.results)
     demo_shards = sorted(str(p) for p in (results / "hidden").glob("shard-*.zarr"))
@@ -173,54 +205,36 @@ def main() -> None:
     startup = {c: [median([t[c][k][0] for t in rounds]) for k in (0, 1)] for c in caches}
     ratios = {c: [a / b for a, b in zip(*rate[c], strict=True)] for c in caches}
     ratio = {c: median(ratios[c]) for c in caches}
-    print(f"median of {args.rounds} round(s), the loaders' order alternating between rounds")
-    print("| loader | cold: tokens/s (s to 1st batch) | warm: tokens/s (s to 1st batch) |")
-    print("|---|---|---|")
-    for k, name in enumerate(["(a) zarr shards (ours)", "(b) per-sample torch.load"]):
-        print(f"| {name} | {median(rate['cold'][k]):,.0f} ({startup['cold'][k]:.2f}) "
-              f"| {median(rate['warm'][k]):,.0f} ({startup['warm'][k]:.2f}) |")  # fmt: skip
-    for c in caches:
-        each = ", ".join(f"{x:.2f}" for x in ratios[c])
-        goal = " (goal >= 3)" if c == "cold" else ""
-        print(f"ratio a/b, {c}: median {ratio[c]:.2f}{goal}; by round {each}")
-
     # Two runs of `--train-steps` and twice that: their difference is steps/s in steady state,
     # start-up, the held-out evaluation and the export cancelled out.
     short = train_run(results, demo_shards, args.train_steps, args.batch_tokens)
     long = train_run(results, demo_shards, 2 * args.train_steps, args.batch_tokens)
     steady_steps_s = args.train_steps / (long[0] - short[0])
-    print(
-        f"(c) training: {steady_steps_s:.2f} steps/s in steady state "
-        f"({args.train_steps} vs {2 * args.train_steps} steps); "
-        f"{args.train_steps / short[0]:.2f} steps/s for {args.train_steps} steps with start-up "
-        f"and export; {long[1]:,.0f} tokens/s (batch {args.batch_tokens} tokens)"
-    )
-    if args.json:
-        figures = {
-            "shards": len(shards),
-            "samples": len(refs),
-            "copies": args.copies,
-            "loader_batches": len(batches),
-            "batch_tokens": args.batch_tokens,
-            "workers": args.workers,
-            "rounds": args.rounds,
-            "zarr_loader_tok_s": median(rate["warm"][0]),
-            "per_sample_loader_tok_s": median(rate["warm"][1]),
-            "loader_ratio": ratio["warm"],
-            "zarr_loader_cold_tok_s": median(rate["cold"][0]),
-            "per_sample_loader_cold_tok_s": median(rate["cold"][1]),
-            "loader_ratio_cold": ratio["cold"],
-            "loader_ratio_cold_by_round": ratios["cold"],
-            "loader_ratio_by_round": ratios["warm"],
-            "zarr_loader_first_batch_s": startup["cold"][0],
-            "per_sample_loader_first_batch_s": startup["cold"][1],
-            "train_steps": args.train_steps,
-            "train_seconds": short[0],
-            "train_steps_per_s": args.train_steps / short[0],
-            "train_steady_steps_per_s": steady_steps_s,
-            "train_steady_tok_s": long[1],
-        }
-        args.json.write_text(json.dumps(figures, indent=2) + "\n")
+    figures = {
+        "shards": len(shards),
+        "samples": len(refs),
+        "copies": args.copies,
+        "loader_batches": len(batches),
+        "batch_tokens": args.batch_tokens,
+        "workers": args.workers,
+        "rounds": args.rounds,
+        "zarr_loader_tok_s": median(rate["warm"][0]),
+        "per_sample_loader_tok_s": median(rate["warm"][1]),
+        "loader_ratio": ratio["warm"],
+        "zarr_loader_cold_tok_s": median(rate["cold"][0]),
+        "per_sample_loader_cold_tok_s": median(rate["cold"][1]),
+        "loader_ratio_cold": ratio["cold"],
+        "loader_ratio_cold_by_round": ratios["cold"],
+        "loader_ratio_by_round": ratios["warm"],
+        "zarr_loader_first_batch_s": startup["cold"][0],
+        "per_sample_loader_first_batch_s": startup["cold"][1],
+        "train_steps": args.train_steps,
+        "train_seconds": short[0],
+        "train_steps_per_s": args.train_steps / short[0],
+        "train_steady_steps_per_s": steady_steps_s,
+        "train_steady_tok_s": long[1],
+    }
+    finish(args, "Training input and speed", table_rows(figures), figures)
 
 
 if __name__ == "__main__":

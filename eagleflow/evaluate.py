@@ -14,48 +14,19 @@ served value should lie between them (up to greedy near-ties).
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Sequence
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_file
 
-from eagleflow.drafter import DrafterConfig, Eagle3Drafter, load_target_head
+from eagleflow.drafter import load_target_head
+from eagleflow.export import load_drafter
 from eagleflow.files import write_json
 from eagleflow.loader import list_samples
 from eagleflow.logs import InputError
 from eagleflow.shards import open_shard
 from eagleflow.vocab import draft_to_target_ids
-
-
-def load_drafter(export_dir: str | Path) -> tuple[Eagle3Drafter, dict]:
-    """The drafter exactly as exported for vLLM (config.json + model.safetensors)."""
-    export_dir = Path(export_dir)
-    config = json.loads((export_dir / "config.json").read_text())
-    tensors = load_file(str(export_dir / "model.safetensors"))
-    aux_ids = config.get("eagle_aux_hidden_state_layer_ids") or []
-    cfg = DrafterConfig(
-        hidden_size=config["hidden_size"],
-        intermediate_size=config["intermediate_size"],
-        num_attention_heads=config["num_attention_heads"],
-        num_key_value_heads=config["num_key_value_heads"],
-        head_dim=config["head_dim"],
-        rms_norm_eps=config["rms_norm_eps"],
-        rope_theta=config["rope_theta"],
-        max_position_embeddings=config["max_position_embeddings"],
-        vocab_size=config["vocab_size"],
-        draft_vocab_size=config["draft_vocab_size"],
-        num_aux=tensors["fc.weight"].shape[1] // config["target_hidden_size"],
-        target_hidden_size=config["target_hidden_size"],
-    )
-    model = Eagle3Drafter(cfg, tensors["d2t"], tensors["t2d"])
-    model.load_state_dict(
-        {k: v.float() if v.is_floating_point() else v for k, v in tensors.items()}
-    )
-    config["aux_layer_ids"] = aux_ids
-    return model.eval(), config
 
 
 def response_start(loss_mask: torch.Tensor) -> int:
@@ -156,7 +127,7 @@ def serving_acceptance(
 ) -> dict:
     """Greedy generation of the held-out prompts in vLLM with (and, for the speed-up and the
     output comparison, without) the drafter."""
-    from eagleflow.serving import generate_plain, generate_with_drafter
+    from eagleflow.spec_decode import generate_plain, generate_with_drafter
 
     refs = list_samples(shard_paths, heldout_fraction, "heldout")[:max_prompts]
     prompts = []

@@ -13,9 +13,11 @@ import json
 from pathlib import Path
 
 import torch
-from safetensors.torch import save_file
+from safetensors.torch import load_file, save_file
 
+from eagleflow.drafter import DrafterConfig, Eagle3Drafter
 from eagleflow.files import atomic_output
+from eagleflow.target_config import read_target_config
 
 # Tensors that keep their dtype: index maps, not weights.
 INDEX_TENSORS = ("d2t", "t2d")
@@ -30,8 +32,8 @@ def drafter_tensors(model: torch.nn.Module, dtype: torch.dtype = torch.bfloat16)
     return tensors
 
 
-def llama_layer_config(cfg) -> dict:
-    """The Llama decoder-layer keys shared by both formats."""
+def llama_layer_config(cfg: DrafterConfig) -> dict:
+    """The Llama decoder-layer keys shared by both formats (read back by `drafter_config`)."""
     return {
         "model_type": "llama",
         "hidden_size": cfg.hidden_size,
@@ -51,6 +53,24 @@ def llama_layer_config(cfg) -> dict:
         "tie_word_embeddings": False,
         "torch_dtype": "bfloat16",
     }
+
+
+def drafter_config(config: dict, tensors: dict[str, torch.Tensor]) -> DrafterConfig:
+    """The DrafterConfig a vLLM export's config.json was written from (`vllm_config`)."""
+    return DrafterConfig(
+        hidden_size=config["hidden_size"],
+        intermediate_size=config["intermediate_size"],
+        num_attention_heads=config["num_attention_heads"],
+        num_key_value_heads=config["num_key_value_heads"],
+        head_dim=config["head_dim"],
+        rms_norm_eps=config["rms_norm_eps"],
+        rope_theta=config["rope_theta"],
+        max_position_embeddings=config["max_position_embeddings"],
+        vocab_size=config["vocab_size"],
+        draft_vocab_size=config["draft_vocab_size"],
+        num_aux=tensors["fc.weight"].shape[1] // config["target_hidden_size"],
+        target_hidden_size=config["target_hidden_size"],
+    )
 
 
 def vllm_config(model: torch.nn.Module, aux_layer_ids: list[int]) -> dict:
@@ -81,11 +101,25 @@ def export_vllm(model: torch.nn.Module, aux_layer_ids: list[int], out_dir: str |
     _write(out_dir, vllm_config(model, aux_layer_ids), drafter_tensors(model))
 
 
+def load_drafter(export_dir: str | Path) -> tuple[Eagle3Drafter, dict]:
+    """The drafter exactly as `export_vllm` wrote it (float32 weights), and its config with
+    `aux_layer_ids` added."""
+    export_dir = Path(export_dir)
+    config = json.loads((export_dir / "config.json").read_text())
+    tensors = load_file(str(export_dir / "model.safetensors"))
+    model = Eagle3Drafter(drafter_config(config, tensors), tensors["d2t"], tensors["t2d"])
+    model.load_state_dict(
+        {k: v.float() if v.is_floating_point() else v for k, v in tensors.items()}
+    )
+    config["aux_layer_ids"] = config.get("eagle_aux_hidden_state_layer_ids") or []
+    return model.eval(), config
+
+
 def speculators_config(
     model: torch.nn.Module, aux_layer_ids: list[int], target: str | Path, tokens: int
 ) -> dict:
     cfg = model.cfg
-    target_config = json.loads((Path(target) / "config.json").read_text())
+    target_config = read_target_config(target)
     return {
         "architectures": ["Eagle3Speculator"],
         "speculators_model_type": "eagle3",

@@ -10,8 +10,11 @@ from collections.abc import Iterator
 from pathlib import Path
 
 
-def setup_job_logging(log_path: str | Path | None, name: str = "eagleflow") -> logging.Logger:
-    """Log INFO lines to stderr and, when given, to `log_path` (Snakemake's `log:` file).
+def setup_job_logging(
+    log_path: str | Path | None, name: str = "eagleflow", *, fresh: bool = True
+) -> logging.Logger:
+    """Log INFO lines to stderr and, when given, to `log_path` (Snakemake's `log:` file),
+    emptied first when `fresh` (a job's subprocess appends to its parent's log instead).
 
     Progress bars (tqdm) stay on stderr only: a log file full of carriage returns helps nobody.
     """
@@ -20,7 +23,8 @@ def setup_job_logging(log_path: str | Path | None, name: str = "eagleflow") -> l
     handlers: list[logging.Handler] = [logging.StreamHandler(sys.stderr)]
     if log_path:
         Path(log_path).parent.mkdir(parents=True, exist_ok=True)
-        Path(log_path).write_text("")
+        if fresh:
+            Path(log_path).write_text("")
         # Append mode: vLLM's logging setup closes every existing handler, and a closed
         # FileHandler reopens on the next record only when it is not in "w" mode.
         handlers.append(logging.FileHandler(log_path, mode="a"))

@@ -71,6 +71,7 @@ def plot_acceptance(offline_json: str | Path, serving_json: str | Path, out: str
 
 
 def plot_shards(shard_paths: list[str], benchmarks: Path, out: str | Path) -> None:
+    """Compression ratio and tokens/s (over the job's wall time, from `benchmarks`) per shard."""
     names, ratios, rates = [], [], []
     for path in shard_paths:
         shard = open_shard(path)
@@ -84,7 +85,7 @@ def plot_shards(shard_paths: list[str], benchmarks: Path, out: str | Path) -> No
     ratio_ax.bar(names, ratios)
     ratio_ax.set(title="compression ratio of activations per shard", xlabel="shard")
     rate_ax.bar(names, rates)
-    rate_ax.set(title="extraction tokens/s per shard (job wall time)", xlabel="shard")
+    rate_ax.set(title=f"{benchmarks.name} tokens/s per shard (job wall time)", xlabel="shard")
     for ax in (ratio_ax, rate_ax):
         ax.tick_params(axis="x", labelrotation=90, labelsize=7)
     fig.tight_layout()
@@ -109,10 +110,11 @@ def plot_vocab(coverage_json: str | Path, out: str | Path) -> None:
     plt.close(fig)
 
 
-def write_plots(inputs: Mapping, outputs: Mapping) -> None:
-    """All report plots from the workflow's files (Snakemake's input/output objects)."""
+def write_plots(inputs: Mapping, outputs: Mapping, shard_rule: str = "extract") -> None:
+    """All report plots from the workflow's files (Snakemake's input/output objects);
+    `shard_rule` wrote the shards (extract, or capture in one pass)."""
     plot_training(inputs["metrics"], outputs["training"])
     plot_acceptance(inputs["offline"], inputs["serving"], outputs["acceptance"])
-    benchmarks = Path(inputs["metrics"]).parents[1] / "benchmarks" / "extract"
+    benchmarks = Path(inputs["metrics"]).parents[1] / "benchmarks" / shard_rule
     plot_shards(list(inputs["shards"]), benchmarks, outputs["shards"])
     plot_vocab(inputs["coverage"], outputs["vocab"])

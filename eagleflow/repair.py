@@ -4,7 +4,7 @@ comes back identical to the one the rest of the workflow consumed.
     python -m eagleflow.repair results/hidden/shard-00003.zarr [...] [-- SNAKEMAKE_ARGS]
 
 `python -m eagleflow.verify` prints this command for the shards it finds corrupt or missing.
-Snakemake reruns the jobs that make the named shards (extract jobs, or generate jobs in one
+Snakemake reruns the jobs that make the named shards (extract jobs, or capture jobs in one
 pass) and nothing else. Identity is measured against the shard's manifest (`shard-NNNNN.sha256`,
 written next to the store when it was made), never against the damaged store itself. When every
 output of a rerun job comes back byte-identical (the store against its manifest; other outputs,

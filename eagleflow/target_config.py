@@ -7,9 +7,14 @@ import json
 from pathlib import Path
 
 
+def read_target_config(model_dir: str | Path) -> dict:
+    """A target's whole config.json (architectures, wrapper keys)."""
+    return json.loads((Path(model_dir) / "config.json").read_text())
+
+
 def target_text_config(model_dir: str | Path) -> dict:
     """A target's config.json, or its `text_config` for a multimodal target (the decoder)."""
-    config = json.loads((Path(model_dir) / "config.json").read_text())
+    config = read_target_config(model_dir)
     return config.get("text_config", config)
 
 

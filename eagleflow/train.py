@@ -25,14 +25,14 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
-from tqdm import tqdm
 
 from eagleflow.drafter import DrafterConfig, Eagle3Drafter, TargetHead, load_target_head
 from eagleflow.export import export_speculators, export_vllm
 from eagleflow.files import atomic_output
 from eagleflow.loader import TrainBatches, list_samples, make_loader, pack_batches, window_tokens
-from eagleflow.logs import InputError
+from eagleflow.logs import InputError, setup_job_logging
 from eagleflow.precision import native_bf16
+from eagleflow.progress import token_progress
 from eagleflow.shards import open_shard
 from eagleflow.vocab import draft_to_target_ids, load_vocab_map
 
@@ -341,63 +341,53 @@ def train_drafter(s: TrainSettings) -> dict[str, float]:
     live_metrics = checkpoint_dir / "metrics.tsv"
     metrics_log = MetricsLog(live_metrics, s.ttt_steps, start) if rank == 0 else None
     weights = [s.step_weight**k for k in range(s.ttt_steps)]
-    progress = tqdm(
-        total=s.steps,
-        initial=start,
-        desc="train drafter",
-        unit="step",
-        disable=rank != 0,
-        dynamic_ncols=True,
-        mininterval=1.0,
-    )
+    bar = token_progress(s.steps, "train drafter", "step", initial=start, disable=rank != 0)
     step, rate_tokens, rate_start = start, 0, time.perf_counter()
-    for batch in loader:
-        batch = _on(batch, device)
-        for group in optimizer.param_groups:
-            group["lr"] = lr_at(step, s)
-        if "empty" in batch:  # no sample for this rank in a small global batch
-            # DDP all-reduces the gradients of a backward that follows a forward through the
-            # wrapped model, on every rank: a padding-only sample gives zero terms (a backward
-            # without that forward left the other ranks waiting forever).
-            batch = _padding_batch(cfg, s.ttt_steps + 2, device)
-        kl, count, correct = _batch_terms(model, head, batch, s, draft_ids)
-        tokens = int(batch["input_ids"].ne(0).sum())
-        totals = _all_sum([*count, *correct, torch.tensor(tokens)])
-        global_count = totals[: s.ttt_steps].clamp(min=1)
-        # DDP averages gradients over ranks: scale by world so the sum over ranks is exact.
-        terms = zip(weights, kl, global_count.float(), strict=True)
-        loss = sum(w * kl_k / count_k for w, kl_k, count_k in terms) * world
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), s.grad_clip)
-        optimizer.step()
-        step += 1
-        rate_tokens += int(totals[-1])
-        global_loss = _all_sum([loss.detach() / world])[0]
-        progress.update(1)
-        if metrics_log and (step % s.log_every == 0 or step == s.steps):
-            elapsed = time.perf_counter() - rate_start
-            acc = totals[s.ttt_steps : 2 * s.ttt_steps] / global_count
-            row = {
-                "step": step,
-                "split": "train",
-                "lr": lr_at(step - 1, s),
-                "loss": float(global_loss),
-                "tokens_per_s": rate_tokens / elapsed,
-            }
-            row.update({f"acc_{k}": float(acc[k]) for k in range(s.ttt_steps)})
-            metrics_log.write(row)
-            progress.set_postfix(
-                loss=f"{float(global_loss):.3f}",
-                acc0=f"{float(acc[0]):.3f}",
-                tok_s=f"{rate_tokens / elapsed:.0f}",
-            )
-            rate_tokens, rate_start = 0, time.perf_counter()
-        if step % s.checkpoint_every == 0 and step < s.steps and rank == 0:
-            save_checkpoint(checkpoint_dir, step, model, optimizer, fingerprint)
-        if s.eval_every and step % s.eval_every == 0 and step < s.steps:
-            _log_eval(model, head, s, draft_ids, step, metrics_log)
-    progress.close()
+    with bar as progress:
+        for batch in loader:
+            batch = _on(batch, device)
+            for group in optimizer.param_groups:
+                group["lr"] = lr_at(step, s)
+            if "empty" in batch:  # no sample for this rank in a small global batch
+                # DDP all-reduces the gradients of a backward that follows a forward through the
+                # wrapped model, on every rank: a padding-only sample gives zero terms (a backward
+                # without that forward left the other ranks waiting forever).
+                batch = _padding_batch(cfg, s.ttt_steps + 2, device)
+            kl, count, correct = _batch_terms(model, head, batch, s, draft_ids)
+            tokens = int(batch["input_ids"].ne(0).sum())
+            totals = _all_sum([*count, *correct, torch.tensor(tokens)])
+            global_count = totals[: s.ttt_steps].clamp(min=1)
+            # DDP averages gradients over ranks: scale by world so the sum over ranks is exact.
+            terms = zip(weights, kl, global_count.float(), strict=True)
+            loss = sum(w * kl_k / count_k for w, kl_k, count_k in terms) * world
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), s.grad_clip)
+            optimizer.step()
+            step += 1
+            rate_tokens += int(totals[-1])
+            global_loss = _all_sum([loss.detach() / world])[0]
+            progress.advance(1, int(totals[-1]))
+            if metrics_log and (step % s.log_every == 0 or step == s.steps):
+                elapsed = time.perf_counter() - rate_start
+                acc = totals[s.ttt_steps : 2 * s.ttt_steps] / global_count
+                row = {
+                    "step": step,
+                    "split": "train",
+                    "lr": lr_at(step - 1, s),
+                    "loss": float(global_loss),
+                    "tokens_per_s": rate_tokens / elapsed,
+                }
+                row.update({f"acc_{k}": float(acc[k]) for k in range(s.ttt_steps)})
+                metrics_log.write(row)
+                progress.advance(
+                    0, 0, loss=f"{float(global_loss):.3f}", acc0=f"{float(acc[0]):.3f}"
+                )
+                rate_tokens, rate_start = 0, time.perf_counter()
+            if step % s.checkpoint_every == 0 and step < s.steps and rank == 0:
+                save_checkpoint(checkpoint_dir, step, model, optimizer, fingerprint)
+            if s.eval_every and step % s.eval_every == 0 and step < s.steps:
+                _log_eval(model, head, s, draft_ids, step, metrics_log)
     final = _log_eval(model, head, s, draft_ids, step, metrics_log)
     if rank == 0:
         with atomic_output(s.metrics) as tmp:
@@ -469,12 +459,8 @@ def main(argv: list[str] | None = None) -> None:
     """`python -m eagleflow.train SETTINGS.json` (also under torchrun)."""
     args = argv if argv is not None else sys.argv[1:]
     settings = TrainSettings(**json.loads(Path(args[0]).read_text()))
-    handlers: list[logging.Handler] = [logging.StreamHandler(sys.stderr)]
-    if os.environ.get("EAGLEFLOW_TRAIN_LOG") and int(os.environ.get("RANK", "0")) == 0:
-        handlers.append(logging.FileHandler(os.environ["EAGLEFLOW_TRAIN_LOG"], mode="a"))
-    logging.basicConfig(
-        level=logging.INFO, format="%(asctime)s %(name)s %(message)s", handlers=handlers
-    )
+    rank_zero = int(os.environ.get("RANK", "0")) == 0  # one log file line per event
+    setup_job_logging(os.environ.get("EAGLEFLOW_TRAIN_LOG") if rank_zero else None, fresh=False)
     with _distributed():
         train_drafter(settings)
 

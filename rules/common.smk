@@ -73,33 +73,14 @@ def aux_layer_ids(wildcards=None):
 aux_layer_ids()
 
 
-# One pass (extract.capture: during_generation): the generate job also writes the shard, and
-# no extract rule exists.
+# One pass (extract.capture: during_generation): rules/capture.smk generates and captures in
+# one job per shard, instead of rules/generate.smk and rules/extract.smk.
 ONE_PASS = config["extract"]["capture"] == "during_generation"
+# The rule whose jobs write the shards.
+SHARD_RULE = "capture" if ONE_PASS else "extract"
 HIDDEN_SHARD = "results/hidden/shard-{shard}.zarr"
 # Written by the shard writer next to the store (eagleflow.manifest.manifest_path).
 HIDDEN_MANIFEST = "results/hidden/shard-{shard}.sha256"
-
-
-def one_pass_outputs():
-    """The generate rule's extra outputs in one pass: the shard's hidden states and manifest."""
-    if not ONE_PASS:
-        return {}
-    return {"hidden": directory(HIDDEN_SHARD), "manifest": HIDDEN_MANIFEST}
-
-
-def one_pass_params():
-    """The generate rule's extra params in one pass: what decides the captured shard (so a
-    change reruns generation, which now makes it)."""
-    if not ONE_PASS:
-        return {}
-    return {
-        "capture": config["extract"]["capture"],
-        "aux_layer_ids": aux_layer_ids(),
-        "codec": config["extract"]["codec"],
-        "chunk_mib": config["extract"]["chunk_mib"],
-        "max_len": prepare_max_len(),
-    }
 
 
 def prepare_max_len():

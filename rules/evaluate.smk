@@ -65,5 +65,7 @@ rule report_plots:
         "results/logs/report_plots.log",
     conda:
         "../envs/torch.yaml"
+    params:
+        shard_rule=SHARD_RULE,
     script:
         "../scripts/report_plots.py"

@@ -1,6 +1,6 @@
 # Target responses, one job per shard. Sampling knobs are params: changing one reruns exactly
 # the generation jobs and what depends on them. In one pass (extract.capture:
-# during_generation) the job also captures the shard's hidden states.
+# during_generation), rules/capture.smk replaces this file and rules/extract.smk.
 
 
 rule generate:
@@ -8,7 +8,6 @@ rule generate:
         requests="results/plan/shard-{shard}.jsonl",
         model=target_model_dir,
     output:
-        **one_pass_outputs(),
         responses="results/responses/shard-{shard}.jsonl",
     log:
         "results/logs/generate/shard-{shard}.log",
@@ -21,7 +20,6 @@ rule generate:
         mem_mb=6000,
         gpu=GPUS_PER_JOB,
     params:
-        **one_pass_params(),
         backend=config["generation"]["backend"],
         temperature=config["generation"]["temperature"],
         top_p=config["generation"]["top_p"],

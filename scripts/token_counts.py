@@ -1,13 +1,14 @@
 """Snakemake entry: loss-masked token counts of one shard (see eagleflow.vocab)."""
 
 from eagleflow.logs import log_job_errors, setup_job_logging
-from eagleflow.vocab import count_tokens, target_vocab_rows, write_counts
+from eagleflow.target_config import target_vocab_size
+from eagleflow.vocab import count_tokens, write_counts
 
 log = setup_job_logging(snakemake.log[0])
 with log_job_errors(log):
     counts = count_tokens(
         snakemake.input.tokens,
-        target_vocab_rows(snakemake.input.model),
+        target_vocab_size(snakemake.input.model),
         snakemake.params.heldout_fraction,
     )
     write_counts(snakemake.output[0], counts)

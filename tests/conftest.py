@@ -11,8 +11,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-
-from eagleflow.faults import (  # scheduled_outputs: re-exported for the tests
+from faults import (  # scheduled_outputs: re-exported for the tests
     scheduled_outputs,  # noqa: F401
     snakemake_command,
 )

@@ -12,8 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
-
-from eagleflow.faults import CORRUPTIONS, corruption_trial, crash_trial, detection_trial
+from faults import CORRUPTIONS, corruption_trial, crash_trial, detection_trial
 
 # Five trials over the three stages; trial i's seed is i (moments and shards differ).
 CRASH_STAGES = ["generation", "extraction", "training", "extraction", "training"]
@@ -71,3 +70,11 @@ def test_corrupt_shard_is_named_and_repaired_bit_identically(
     assert not result.newly_stale, result.newly_stale
     assert "identical to what was consumed" in result.repair_output
     assert not result.verify_after, result.verify_after
+
+
+def test_corruption_trial_wants_a_shard_per_kind(demo_run: Path, tmp_path: Path) -> None:
+    shards = len(list((demo_run / "results/hidden").glob("shard-*.zarr")))
+    kinds = [CORRUPTIONS[i % len(CORRUPTIONS)] for i in range(shards + 1)]
+    with pytest.raises(ValueError, match="fewer than"):
+        corruption_trial(demo_run, tmp_path / "run", random.Random(0), kinds)
+    assert not (tmp_path / "run").exists()  # said before copying anything

@@ -1,5 +1,6 @@
-"""One pass (extract.capture: during_generation): the generate jobs capture the hidden states
-as they generate, no extract job runs, and the shards match a separate extraction pass."""
+"""One pass (extract.capture: during_generation): the capture jobs (rules/capture.smk) store
+the hidden states as they generate, no extract job runs, and the shards match a separate
+extraction pass."""
 
 from __future__ import annotations
 
@@ -17,11 +18,11 @@ from conftest import (
     scheduled_outputs,
     write_config,
 )
+from faults import corruption_trial, planned_shards
 from test_drafter import CFG, small_drafter
 
 from eagleflow.capture import ShardFormat, generate_and_capture_shard
 from eagleflow.compare import compare_shards, format_comparison
-from eagleflow.faults import corruption_trial, planned_shards
 from eagleflow.files import read_jsonl
 from eagleflow.generate import Sampling
 from eagleflow.shards import open_shard
@@ -71,8 +72,8 @@ def test_switching_to_one_pass_reruns_generation_and_no_extract_job(one_pass_run
         ]
     )
     assert "rule extract:" not in dry
-    assert dry.count("rule generate:") == len(shards)
-    assert not list((one_pass_run / "results/logs/generate").glob("*.log.tmp"))
+    assert dry.count("rule capture:") == len(shards)
+    assert not list((one_pass_run / "results/logs/capture").glob("*.log.tmp"))
 
 
 def test_one_pass_shards_equal_a_separate_pass_within_bf16(
@@ -123,7 +124,7 @@ def test_corrupt_one_pass_shard_is_regenerated_bit_identically(
     assert result.detected == sorted(result.injected)
     assert result.rescheduled_shards == sorted(result.injected)
     assert not result.differing, result.summary()  # regenerated: sha256 of every file equal
-    # The generate job also rewrote the shard's responses, identically: nothing downstream
+    # The capture job also rewrote the shard's responses, identically: nothing downstream
     # (prepare, training, evaluation) is stale.
     assert not result.touched_downstream and not result.newly_stale, result.repair_output
     assert not result.verify_after

@@ -20,9 +20,9 @@ from conftest import (
     scheduled_outputs,
     write_config,
 )
+from faults import kill_when_running
 from safetensors.torch import load_file
 
-from eagleflow.faults import kill_when_running
 from eagleflow.loader import TrainBatches, list_samples, window_tokens
 from eagleflow.train import TrainSettings
 
@@ -47,7 +47,7 @@ def test_native_export_serves_as_eagle3_drafter_in_vllm(demo_run: Path) -> None:
     script = """
 import json, sys
 from eagleflow.files import read_jsonl
-from eagleflow.serving import generate_with_drafter
+from eagleflow.spec_decode import generate_with_drafter
 samples = read_jsonl("results/tokens/shard-00000.jsonl")[:16]
 prompts = [s["input_ids"][: s["loss_mask"].index(True)] for s in samples]
 if __name__ == "__main__":

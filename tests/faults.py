@@ -4,7 +4,9 @@ prints) restores outputs bit-identical to those of an uninterrupted run.
 
 Each trial works on a fresh copy of a finished run (`reference`), so trials are independent and
 the reference's outputs are the checksums to meet. `tests/test_faults.py` runs a few trials in
-CI; `bench/faults.py` runs many and prints the tallies.
+CI; `bench/faults.py` runs many and prints the tallies. Test tooling, not part of the package:
+tests import it as `faults` (tests/ is on their path, as for conftest), bench scripts as
+`tests.faults` (the repository root on theirs).
 """
 
 from __future__ import annotations
@@ -232,8 +234,9 @@ def crash_trial(
     it plainly and compare with the reference."""
     stage = STAGES[stage_name]
     shutil.copytree(reference, workdir, symlinks=True)
+    planned = planned_shards(workdir)
     shards = (
-        sorted(rng.sample(planned_shards(workdir), shards_per_trial)) if stage.per_shard else []
+        sorted(rng.sample(planned, min(shards_per_trial, len(planned)))) if stage.per_shard else []
     )
     outputs = [o for s in shards for o in stage.job_outputs(s)] if shards else stage.job_outputs()
     logs = (
@@ -366,8 +369,14 @@ def corruption_trial(
     """Copy `reference`, damage one random shard per kind, run `verify`, run the repair command
     it prints, and compare with the reference: shards bit-identical, every other output left
     with its mtime, and nothing left for `snakemake -n` to do."""
+    shards = planned_shards(reference)
+    if len(kinds) > len(shards):
+        raise ValueError(
+            f"{reference}: {len(shards)} shard(s), fewer than the {len(kinds)} corruption kinds "
+            "asked for (one shard each); pass fewer kinds"
+        )
     shutil.copytree(reference, workdir, symlinks=True)
-    victims = rng.sample(planned_shards(workdir), len(kinds))
+    victims = rng.sample(shards, len(kinds))
     trial = CorruptionTrial(injected=dict(zip(victims, kinds, strict=True)))
     stale_before = scheduled_outputs(snakemake(workdir, "-n").stdout, "results/")
     for shard, kind in trial.injected.items():
