@@ -145,9 +145,7 @@ def warm_worker(kind: str, model: str, tokens: str, encode_threads: int, conn: C
         return
     aux_ids, last_id = default_layer_ids(target_dims(model)[0])
     longest = max(len(s["input_ids"]) for s in samples)
-    with extraction_engine(
-        model, [*aux_ids, last_id], seed=0, max_model_len=longest + 1, engine_kwargs={}
-    ) as llm:
+    with extraction_engine(model, [*aux_ids, last_id], seed=0, max_model_len=longest + 1) as llm:
         while (out := conn.recv()) is not None:
             with new_shard_writer(
                 model, out, backend="vllm", encode_threads=encode_threads

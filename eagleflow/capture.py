@@ -16,7 +16,7 @@ training loss nor the offline evaluation reads the states of a sample's last tok
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -48,6 +48,7 @@ from eagleflow.server_client import (
     server_states_path,
 )
 from eagleflow.shards import DEFAULT_CHUNK_BYTES, DEFAULT_CODEC, ShardWriter
+from eagleflow.target_config import target_tokenizer
 from eagleflow.vllm_capture import append_states, extraction_engine, finished_in_order, take_states
 
 INCLUDE_OUTPUT_TOKENS = {"include_output_tokens": True}
@@ -79,6 +80,7 @@ def _generate_vllm(
     max_model_len: int,
     max_pending_bytes: int,
     hidden_size: int,
+    options: Mapping[str, Any] | None = None,
 ) -> Iterator[Captured]:
     """Generate with an in-process extraction engine; yield in request order."""
     prompts = [r["prompt_token_ids"] for r in requests]
@@ -98,7 +100,12 @@ def _generate_vllm(
     # near-ties, and compiling took longer than generating the shard.
     eager = {"enforce_eager": default_enforce_eager()}
     with extraction_engine(
-        model_dir, layer_ids, seed=sampling.seed, max_model_len=max_model_len, engine_kwargs=eager
+        model_dir,
+        layer_ids,
+        seed=sampling.seed,
+        max_model_len=max_model_len,
+        engine_kwargs=eager,
+        options=options,
     ) as llm:
         for i, out, path in finished_in_order(llm, prompts, params, budgets, max_pending_tokens):
             yield i, vllm_completion(out), take_states(path)
@@ -170,6 +177,7 @@ def generate_and_capture_shard(
     server_url: str | None = None,
     server_concurrency: int = 8,
     max_pending_bytes: int = 2**30,
+    engine_options: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Answer one planned shard and capture its samples' hidden states in the same pass.
 
@@ -177,7 +185,6 @@ def generate_and_capture_shard(
     `eagleflow.extract.extract_shard` would from the prepared samples), each atomically; the
     responses land first, so a shard under its final name always has its responses.
     """
-    from transformers import AutoTokenizer
 
     if backend not in ("vllm", "server"):
         raise InputError(
@@ -187,7 +194,9 @@ def generate_and_capture_shard(
     if backend == "server" and not server_url:
         raise InputError("generation.server_url: required when generation.backend is 'server'")
     requests = read_jsonl(requests_path)
-    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    tokenizer = target_tokenizer(
+        model_dir, trust_remote_code=bool((engine_options or {}).get("trust_remote_code"))
+    )
     start = time.monotonic()
     with new_shard_writer(
         model_dir,
@@ -208,6 +217,7 @@ def generate_and_capture_shard(
                 max_model_len=max_model_len,
                 max_pending_bytes=max_pending_bytes,
                 hidden_size=writer.hidden_size,
+                options=engine_options,
             )
         else:
             captured = _generate_server(

@@ -9,6 +9,7 @@ import yaml
 
 from eagleflow.fingerprint import TOKENIZER_VOCAB_FILES
 from eagleflow.logs import InputError
+from eagleflow.target_config import untrusted_tokenizer_code
 
 
 def _key(path: list) -> str:
@@ -35,8 +36,8 @@ def schema_errors(config: dict, schema_path: str | Path) -> list[str]:
 
 
 def missing_paths(config: dict) -> list[str]:
-    """Configured input paths that do not exist or lack what the workflow reads from them,
-    each named by its key."""
+    """Configured input paths that do not exist or lack what the workflow reads from them (or
+    cannot be used as configured), each named by its key."""
     missing = []
     model = config["target"]["model"]
     if model and not Path(model).is_dir():
@@ -48,6 +49,9 @@ def missing_paths(config: dict) -> list[str]:
             f"target.model: {model} has no tokenizer ({', '.join(TOKENIZER_VOCAB_FILES)}): "
             "prompts are rendered with the target's own tokenizer and chat template"
         )
+    elif model:
+        refusal = untrusted_tokenizer_code(model, config["target"].get("trust_remote_code", False))
+        missing += [refusal] if refusal else []
     for i, path in enumerate(config["prompts"]["paths"]):
         if not Path(path).is_file():
             missing.append(f"prompts.paths[{i}]: {path} does not exist")

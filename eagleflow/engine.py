@@ -1,9 +1,13 @@
-"""The one place that constructs vLLM engines (generation, extraction, serving evaluation)."""
+"""The one place that constructs vLLM engines (generation, extraction, serving evaluation), and
+the engine options users set for them (config `engine:`, by vLLM's own argument names)."""
 
+import json
 import os
-from collections.abc import MutableMapping
+from collections.abc import Mapping, MutableMapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+from eagleflow.logs import InputError
 
 if TYPE_CHECKING:
     import vllm
@@ -28,6 +32,96 @@ BLAS_THREAD_VARIABLES = (
 # to load ("'function' object has no attribute 'finalize_loading'"), so every compiled engine
 # compiled from scratch (33-54 s on two cores). Its older compile cache loads: ~7 s warm.
 COMPILE_CACHE_ENV = {"VLLM_USE_AOT_COMPILE": "0"}
+
+
+# Engine options that change the states an engine computes (how the model is split across
+# devices reorders its sums; dtype, quantization and KV-cache dtype change its numbers): a change
+# reruns the stage's jobs. Every other named option (the batch and memory knobs, the number of
+# data-parallel replicas) changes how fast, not what: it reruns nothing. `extra` options are
+# taken as state options, since their effect is unknown here.
+STATE_OPTIONS = (
+    "tensor_parallel_size",
+    "pipeline_parallel_size",
+    "enable_expert_parallel",
+    "quantization",
+    "dtype",
+    "kv_cache_dtype",
+)
+LAYOUT_OPTIONS = (
+    "data_parallel_size",
+    "gpu_memory_utilization",
+    "max_num_seqs",
+    "max_num_batched_tokens",
+)
+STAGES = ("generation", "extract", "evaluate")  # config sections with an `engine:` override
+# Set from `target:` for every engine; it decides whether a target loads, not what it computes.
+LOAD_OPTIONS = ("trust_remote_code",)
+
+
+def engine_options(config: Mapping[str, Any], stage: str | None = None) -> dict[str, Any]:
+    """The vLLM engine arguments of a stage: config `engine:` with `<stage>.engine:` merged over
+    it, key by key (`extra` too, then flattened into the rest); unset (null) keys left out; and
+    `trust_remote_code` when `target.trust_remote_code` is set."""
+    merged: dict[str, Any] = {}
+    if (config.get("target") or {}).get("trust_remote_code"):
+        merged["trust_remote_code"] = True
+    sections = [config.get("engine") or {}]
+    if stage is not None:
+        sections.append((config.get(stage) or {}).get("engine") or {})
+    for section in sections:
+        for key, value in section.items():
+            if key == "extra":
+                merged.update(value or {})
+            elif value is not None:
+                merged[key] = value
+    return dict(sorted(merged.items()))
+
+
+def state_options(options: Mapping[str, Any]) -> dict[str, Any]:
+    """The options that change the computed states (rule params: a change reruns the job)."""
+    return {k: v for k, v in options.items() if k not in (*LAYOUT_OPTIONS, *LOAD_OPTIONS)}
+
+
+def engine_world_size(options: Mapping[str, Any]) -> int:
+    """Devices one engine of these options occupies: tensor x pipeline x data parallel."""
+    sizes = ("tensor_parallel_size", "pipeline_parallel_size", "data_parallel_size")
+    world = 1
+    for key in sizes:
+        world *= int(options.get(key) or 1)
+    return world
+
+
+def engine_cli_flags(options: Mapping[str, Any]) -> list[str]:
+    """The same options as `vllm serve` flags: `--tensor-parallel-size=8`,
+    `--enable-expert-parallel` / `--no-enable-expert-parallel`, dicts as JSON."""
+    flags = []
+    for key, value in options.items():
+        flag = "--" + key.replace("_", "-")
+        if isinstance(value, bool):
+            flags.append(flag if value else "--no-" + flag[2:])
+        elif isinstance(value, dict | list):
+            flags.append(f"{flag}={json.dumps(value)}")
+        else:
+            flags.append(f"{flag}={value}")
+    return flags
+
+
+def cpu_threads_bind(world_size: int) -> str | None:
+    """On CPU, one core list per engine worker (`VLLM_CPU_OMP_THREADS_BIND`, e.g. "0|1"): vLLM's
+    automatic binding wants a NUMA node per worker ("Not enough allowed NUMA nodes to bind
+    threads of 2 local CPUWorkers") and fails on a one-node machine. None for one worker."""
+    if world_size <= 1:
+        return None
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) < world_size:
+        raise InputError(
+            f"engine: tensor x pipeline x data parallel = {world_size} CPU engine workers need "
+            f"a core each; this job has {len(cpus)}"
+        )
+    share = len(cpus) // world_size
+    return "|".join(
+        ",".join(map(str, cpus[i * share : (i + 1) * share])) for i in range(world_size)
+    )
 
 
 def use_compile_cache(env: MutableMapping[str, str] = os.environ) -> None:
@@ -61,12 +155,15 @@ def build_llm(
     seed: int = 0,
     max_model_len: int = 1024,
     in_process_core: bool = False,
-    **engine_kwargs: Any,
+    options: Mapping[str, Any] | None = None,
+    **required: Any,
 ) -> "vllm.LLM":
     """A `vllm.LLM` for `model_dir`, with settings that suit the platform (CPU or GPU).
 
-    `engine_kwargs` go to `vllm.LLM` and override the defaults set here. vLLM spawns worker
-    processes, so a script that calls this needs an `if __name__ == "__main__":` guard.
+    `options` (the user's engine options, `engine_options`) override the defaults set here;
+    `required` (what the caller's stage needs, e.g. the extraction's connector) overrides both.
+    vLLM spawns worker processes, so a script that calls this needs an `if __name__ ==
+    "__main__":` guard.
 
     `in_process_core` runs vLLM's engine core in this process: requests added together are then
     scheduled together (a core in its own process starts on the first requests while the rest
@@ -88,6 +185,9 @@ def build_llm(
         # ran 40x slower with MKL_NUM_THREADS=2 and friends set in the worker's environment.
         for name in BLAS_THREAD_VARIABLES:
             os.environ.pop(name, None)
+        bind = cpu_threads_bind(engine_world_size({**(options or {}), **required}))
+        if bind is not None:
+            os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", bind)
     settings: dict[str, Any] = {
         "model": str(model_dir),
         "seed": seed,
@@ -96,7 +196,8 @@ def build_llm(
         "enforce_eager": default_enforce_eager(),
         "dtype": engine_dtype(),
     }
-    settings.update(engine_kwargs)
+    settings.update(options or {})
+    settings.update(required)
     previous = os.environ.get(IN_PROCESS_VARIABLE)
     if in_process_core:
         os.environ[IN_PROCESS_VARIABLE] = "0"

@@ -15,8 +15,9 @@ served value should lie between them (up to greedy near-ties).
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -124,9 +125,10 @@ def serving_acceptance(
     max_model_len: int,
     max_prompts: int | None = None,
     compare_plain: bool = True,
+    engine_options: Mapping[str, Any] | None = None,
 ) -> dict:
     """Greedy generation of the held-out prompts in vLLM with (and, for the speed-up and the
-    output comparison, without) the drafter."""
+    output comparison, without) the drafter; `engine_options`: the user's, for both engines."""
     from eagleflow.spec_decode import generate_plain, generate_with_drafter
 
     refs = list_samples(shard_paths, heldout_fraction, "heldout")[:max_prompts]
@@ -137,7 +139,7 @@ def serving_acceptance(
     start = time.perf_counter()
     spec_outputs, acceptance, spec_seconds = generate_with_drafter(
         target, export_dir, prompts, num_speculative_tokens=k, max_tokens=max_tokens,
-        max_model_len=max_model_len,
+        max_model_len=max_model_len, options=engine_options,
     )  # fmt: skip
     report = {
         "prompts": len(prompts),
@@ -151,8 +153,9 @@ def serving_acceptance(
     }
     if compare_plain:
         plain_outputs, plain_seconds = generate_plain(
-            target, prompts, max_tokens=max_tokens, max_model_len=max_model_len
-        )
+            target, prompts, max_tokens=max_tokens, max_model_len=max_model_len,
+            options=engine_options,
+        )  # fmt: skip
         report["tokens_per_s"]["without_drafter"] = sum(map(len, plain_outputs)) / plain_seconds
         # Greedy with and without speculation should agree but for rare bf16 near-ties.
         report["identical_outputs"] = sum(
@@ -186,6 +189,7 @@ def serving_check(
     max_tokens: int,
     max_model_len: int,
     compare_plain: bool = True,
+    engine_options: Mapping[str, Any] | None = None,
 ) -> dict:
     """Measure served acceptance; write the report only when the drafter passes.
 
@@ -204,7 +208,7 @@ def serving_check(
         served = serving_acceptance(
             export_dir, shard_paths, target, heldout_fraction=heldout_fraction, k=k,
             max_tokens=max_tokens, max_model_len=max_model_len, max_prompts=max_prompts,
-            compare_plain=compare_plain,
+            compare_plain=compare_plain, engine_options=engine_options,
         )  # fmt: skip
     except Exception as err:  # a broken export can crash the engine: still name the cause
         served = {"error": f"{type(err).__name__}: {err}", "mean_acceptance_length": 0.0}

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -86,7 +86,7 @@ def extract_vllm(
     max_pending_bytes: int = 2**30,
     seed: int = 0,
     engine: Any | None = None,
-    **engine_kwargs: Any,
+    options: Mapping[str, Any] | None = None,
 ) -> float:
     """Append every sample's hidden states, computed by vLLM, to `writer`; return the seconds
     spent extracting (engine start and shutdown excluded).
@@ -97,7 +97,7 @@ def extract_vllm(
     The captured ids are the writer's `aux_layer_ids` and `last_layer_id` (which must be N).
     `max_model_len` defaults to the longest sample + 1 (vLLM wants room for the one output
     token). At most `max_pending_bytes` of hidden states are in flight or waiting (in memory on
-    CPU, in scratch files on GPU) at any time. `engine_kwargs` go to `build_llm`. Raises
+    CPU, in scratch files on GPU) at any time. `options`: the user's engine options. Raises
     RuntimeError when the engine returns token ids other than the sample's.
     """
     num_layers, hidden_size = target_dims(model_dir)
@@ -116,7 +116,7 @@ def extract_vllm(
         contextlib.nullcontext(engine)
         if engine is not None
         else extraction_engine(
-            model_dir, ids, seed=seed, max_model_len=max_model_len, engine_kwargs=engine_kwargs
+            model_dir, ids, seed=seed, max_model_len=max_model_len, options=options
         )
     ) as llm:
         from vllm import SamplingParams
@@ -279,7 +279,7 @@ def extract_shard(
     max_model_len: int | None = None,
     max_pending_bytes: int = 2**30,
     batch_tokens: int = 8192,
-    engine_kwargs: dict[str, Any] | None = None,
+    engine_options: Mapping[str, Any] | None = None,
     server_url: str | None = None,
     server_concurrency: int = 8,
     encode_threads: int = 2,
@@ -323,10 +323,13 @@ def extract_shard(
                 writer,
                 max_model_len=max_model_len,
                 max_pending_bytes=max_pending_bytes,
-                **(engine_kwargs or {}),
+                options=engine_options,
             )
         else:
-            seconds = extract_hf(model_dir, samples, writer, batch_tokens=batch_tokens)
+            trust = bool((engine_options or {}).get("trust_remote_code"))
+            seconds = extract_hf(
+                model_dir, samples, writer, batch_tokens=batch_tokens, trust_remote_code=trust
+            )
         closing = time.monotonic()
     seconds += time.monotonic() - closing  # the last chunks and the rename belong to the work
     return shard_summary(out_path, backend, seconds, time.monotonic() - start)

@@ -71,6 +71,7 @@ def extract_hf(
     *,
     batch_tokens: int = 8192,
     window_tokens: int = 65536,
+    trust_remote_code: bool = False,
 ) -> float:
     """Append every sample's hidden states, computed by transformers in bf16, to `writer`;
     return the seconds spent extracting (model loading excluded).
@@ -88,7 +89,9 @@ def extract_hf(
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     # bf16 where the device computes it natively; elsewhere float32, rounded to bf16 when stored.
     dtype = compute_dtype(device)
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype).base_model
+    model = AutoModelForCausalLM.from_pretrained(
+        model_dir, dtype=dtype, trust_remote_code=trust_remote_code
+    ).base_model
     model.to(device).eval()
     layers = getattr(model, "layers", None)
     if not isinstance(layers, torch.nn.ModuleList):

@@ -19,10 +19,21 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
+from typing import Any
 
-from eagleflow.engine import BLAS_THREAD_VARIABLES, use_compile_cache
+from eagleflow.engine import (
+    BLAS_THREAD_VARIABLES,
+    cpu_threads_bind,
+    engine_cli_flags,
+    engine_options,
+    engine_world_size,
+    use_compile_cache,
+)
+from eagleflow.logs import InputError
+
+SCHEMA = Path(__file__).resolve().parents[1] / "rules/schemas/config.schema.yaml"
 
 # Written next to an extraction server's hidden-state files: its layer ids and target.
 SERVER_INFO = "eagleflow-server.json"
@@ -93,14 +104,32 @@ def write_server_info(storage_dir: str | Path, model_dir: str | Path, layer_ids:
     (storage_dir / SERVER_INFO).write_text(json.dumps(info))
 
 
-def _server_env() -> dict[str, str]:
+def _server_env(options: Mapping[str, Any] | None = None) -> dict[str, str]:
     """The server's environment: offline, and without the BLAS thread counts a Snakemake job
-    exports (as in build_llm: they would oversubscribe the engine worker's cores), and with
-    vLLM's own engine-core process."""
+    exports (as in build_llm: they would oversubscribe the engine worker's cores), with vLLM's
+    own engine-core process, and on CPU a core list per engine worker (`options`: the engine
+    options its flags carry)."""
+    from vllm.platforms import current_platform
+
     dropped = {*BLAS_THREAD_VARIABLES, "VLLM_ENABLE_V1_MULTIPROCESSING"}
     env = {k: v for k, v in os.environ.items() if k not in dropped}
     use_compile_cache(env)
+    bind = cpu_threads_bind(engine_world_size(options or {}))
+    if current_platform.is_cpu() and bind is not None:
+        env.setdefault("VLLM_CPU_OMP_THREADS_BIND", bind)
     return {**env, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+
+
+def config_engine_options(config_path: str | Path, stage: str) -> dict[str, Any]:
+    """The engine options a workflow config gives `stage`, after checking the config against the
+    workflow's schema (one line per bad key)."""
+    import yaml
+
+    from eagleflow.config import raise_if_invalid, schema_errors
+
+    config = yaml.safe_load(Path(config_path).read_text()) or {}
+    raise_if_invalid([f"{config_path}: {line}" for line in schema_errors(config, SCHEMA)])
+    return engine_options(config, stage)
 
 
 def wait_until_ready(url: str, process: subprocess.Popen, timeout_s: float) -> None:
@@ -134,7 +163,7 @@ def running_server(
     """Start a vLLM server, yield its base URL once it answers, stop it (and its workers) after.
 
     With `extract_layer_ids` it is an extraction server (see `serve_command`)."""
-    env = _server_env()
+    env = _server_env(_parallel_flags(extra or []))
     if extract_layer_ids is not None and storage_dir is not None:
         write_server_info(storage_dir, model_dir, extract_layer_ids)
     log = open(log_path, "w") if log_path else subprocess.DEVNULL
@@ -165,7 +194,9 @@ def running_server(
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Run a vLLM server in the foreground (generation, or extraction with --extract-layers)."""
+    """Run a vLLM server in the foreground (generation, or extraction with --extract-layers).
+    Arguments not listed here go to vLLM's server as they are (e.g. --tensor-parallel-size 8);
+    they win over the same options from --config."""
     parser = argparse.ArgumentParser(description=main.__doc__)
     parser.add_argument("model_dir", type=Path)
     parser.add_argument("--host", default="127.0.0.1")
@@ -181,9 +212,20 @@ def main(argv: list[str] | None = None) -> None:
         type=Path,
         help="directory for the captured states; shard jobs read them from there (shared disk)",
     )
-    args = parser.parse_args(argv)
+    parser.add_argument(
+        "--config",
+        type=Path,
+        help="the workflow's config.yaml: its engine options become server flags (engine, with "
+        "extract.engine over it for an extraction server, else generation.engine)",
+    )
+    args, vllm_flags = parser.parse_known_args(argv)
     if args.extract_layers and not args.storage:
         parser.error("--extract-layers needs --storage")
+    stage = "extract" if args.extract_layers else "generation"
+    try:
+        options = config_engine_options(args.config, stage) if args.config else {}
+    except InputError as err:
+        parser.error(str(err))
     if args.extract_layers:
         write_server_info(args.storage, args.model_dir, args.extract_layers)
     command = serve_command(
@@ -191,10 +233,32 @@ def main(argv: list[str] | None = None) -> None:
         args.host,
         args.port,
         args.max_model_len,
+        [*engine_cli_flags(options), *vllm_flags],
         extract_layer_ids=args.extract_layers,
         storage_dir=args.storage,
     )
-    os.execvpe(command[0], command, _server_env())
+    flag_options = {**options, **_parallel_flags(vllm_flags)}
+    os.execvpe(command[0], command, _server_env(flag_options))
+
+
+def _parallel_flags(flags: list[str]) -> dict[str, int]:
+    """Parallel sizes given as vLLM flags (`--tensor-parallel-size 8`, `-tp=8`), by option name:
+    what the CPU thread binding needs to know."""
+    names = {
+        "--tensor-parallel-size": "tensor_parallel_size",
+        "-tp": "tensor_parallel_size",
+        "--pipeline-parallel-size": "pipeline_parallel_size",
+        "-pp": "pipeline_parallel_size",
+        "--data-parallel-size": "data_parallel_size",
+        "-dp": "data_parallel_size",
+    }
+    sizes = {}
+    for i, flag in enumerate(flags):
+        name, _, value = flag.partition("=")
+        if name in names:
+            value = value or (flags[i + 1] if i + 1 < len(flags) else "1")
+            sizes[names[name]] = int(value)
+    return sizes
 
 
 if __name__ == "__main__":

@@ -22,6 +22,9 @@ TOKENIZER_FILES = (
     "chat_template.json",
 )
 TOKENIZER_CODE = "tokenization_*.py"
+# Model code a remote-code target ships (Kimi-K2's configuration_deepseek.py): hashed with its
+# config, since it decides how the config is read.
+TARGET_CODE = ("configuration_*.py", "modeling_*.py")
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth")
 FINGERPRINT_BLOCKS = 16  # blocks of each weight file read for the fingerprint
 FINGERPRINT_BLOCK_BYTES = 4096
@@ -36,13 +39,15 @@ def _hash_files(digest: Any, paths: Sequence[Path], root: Path) -> None:
 def target_fingerprint(model_dir: str | Path) -> str:
     """A cheap fingerprint of the target's weights: never reads more than a few KiB per file.
 
-    Hashes config.json, any weight index, and for each weight file its name, size, safetensors
+    Hashes config.json, any weight index, the model code the directory ships, and for each
+    weight file its name, size, safetensors
     header (names, dtypes, shapes, offsets) and a few evenly spaced blocks of its contents, so
     that retraining the same architecture changes it too.
     """
     root = Path(model_dir)
     digest = hashlib.sha256()
-    _hash_files(digest, [root / "config.json", *sorted(root.glob("*.index.json"))], root)
+    code = sorted(path for pattern in TARGET_CODE for path in root.glob(pattern))
+    _hash_files(digest, [root / "config.json", *sorted(root.glob("*.index.json")), *code], root)
     for path in sorted(p for p in root.iterdir() if p.name.endswith(WEIGHT_SUFFIXES)):
         size = path.stat().st_size
         digest.update(f"{path.name}\0{size}\0".encode())

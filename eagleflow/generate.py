@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,6 +21,7 @@ from eagleflow.files import read_jsonl, write_jsonl
 from eagleflow.logs import InputError
 from eagleflow.progress import token_progress
 from eagleflow.server_client import ServerClient, server_model_name
+from eagleflow.target_config import target_tokenizer
 
 
 @dataclass(frozen=True)
@@ -53,13 +54,15 @@ def generate_vllm(
     seeds: Sequence[int],
     sampling: Sampling,
     max_model_len: int,
+    options: Mapping[str, Any] | None = None,
 ) -> list[Completion]:
-    """Generate in-process with vLLM (its progress bar shows prompts/s, tokens/s and ETA)."""
+    """Generate in-process with vLLM (its progress bar shows prompts/s, tokens/s and ETA);
+    `options`: the user's engine options."""
     from vllm.inputs import TokensPrompt
 
     from eagleflow.engine import build_llm
 
-    llm = build_llm(model_dir, seed=sampling.seed, max_model_len=max_model_len)
+    llm = build_llm(model_dir, seed=sampling.seed, max_model_len=max_model_len, options=options)
     params = [vllm_sampling_params(sampling, seed) for seed in seeds]
     outputs = llm.generate([TokensPrompt(prompt_token_ids=ids) for ids in prompt_ids], params)
     return [vllm_completion(out) for out in outputs]
@@ -93,6 +96,7 @@ def generate_hf(
     seeds: Sequence[int],
     sampling: Sampling,
     batch_size: int = 16,
+    trust_remote_code: bool = False,
 ) -> list[Completion]:
     """Generate with transformers, batches of similar prompt length, left-padded."""
     import torch
@@ -100,7 +104,9 @@ def generate_hf(
 
     from eagleflow.precision import compute_dtype
 
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=compute_dtype("cpu")).eval()
+    model = AutoModelForCausalLM.from_pretrained(
+        model_dir, dtype=compute_dtype("cpu"), trust_remote_code=trust_remote_code
+    ).eval()
     eos = GenerationConfig.from_pretrained(model_dir).eos_token_id
     eos_ids = set(eos if isinstance(eos, list) else [eos])
     pad = model.config.pad_token_id if model.config.pad_token_id is not None else min(eos_ids)
@@ -216,14 +222,16 @@ def generate_completions(
     max_model_len: int,
     server_url: str | None = None,
     server_concurrency: int = 8,
+    engine_options: Mapping[str, Any] | None = None,
 ) -> list[Completion]:
     """Completions for planned requests with the chosen backend, in request order."""
     prompt_ids = [r["prompt_token_ids"] for r in requests]
     seeds = [request_seed(sampling.seed, r["id"]) for r in requests]
     if backend == "vllm":
-        return generate_vllm(model_dir, prompt_ids, seeds, sampling, max_model_len)
+        return generate_vllm(model_dir, prompt_ids, seeds, sampling, max_model_len, engine_options)
     if backend == "hf":
-        return generate_hf(model_dir, prompt_ids, seeds, sampling)
+        trust = bool((engine_options or {}).get("trust_remote_code"))
+        return generate_hf(model_dir, prompt_ids, seeds, sampling, trust_remote_code=trust)
     if backend == "server":
         if not server_url:
             raise InputError("generation.server_url: required when generation.backend is 'server'")
@@ -281,9 +289,9 @@ def generate_shard(
     max_model_len: int,
     server_url: str | None = None,
     server_concurrency: int = 8,
+    engine_options: Mapping[str, Any] | None = None,
 ) -> dict:
     """Answer one planned shard and write its records atomically; return a summary."""
-    from transformers import AutoTokenizer
 
     requests = read_jsonl(requests_path)
     start = time.monotonic()
@@ -295,9 +303,12 @@ def generate_shard(
         max_model_len=max_model_len,
         server_url=server_url,
         server_concurrency=server_concurrency,
+        engine_options=engine_options,
     )
     seconds = time.monotonic() - start
-    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    tokenizer = target_tokenizer(
+        model_dir, trust_remote_code=bool((engine_options or {}).get("trust_remote_code"))
+    )
     records, truncated = response_records(requests, completions, tokenizer, on_truncated)
     write_jsonl(out_path, records)
     generated = sum(len(c.token_ids) for c in completions)

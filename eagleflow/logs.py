@@ -20,6 +20,9 @@ def setup_job_logging(
     """
     os.environ.setdefault("HF_HUB_OFFLINE", "1")  # nothing may reach a model hub at run time
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+    # tiktoken caches a vocabulary by its path, not its content: a tiktoken.model replaced in
+    # place would be read stale. An empty cache directory turns its cache off.
+    os.environ.setdefault("TIKTOKEN_CACHE_DIR", "")
     handlers: list[logging.Handler] = [logging.StreamHandler(sys.stderr)]
     if log_path:
         Path(log_path).parent.mkdir(parents=True, exist_ok=True)

@@ -13,6 +13,7 @@ from pathlib import Path
 
 from eagleflow.files import atomic_output, read_jsonl, write_json
 from eagleflow.logs import InputError
+from eagleflow.target_config import target_tokenizer, untrusted_tokenizer_code
 
 SHARD_FILE = "shard-{}.jsonl"
 
@@ -111,17 +112,21 @@ def write_plan(
     return summary
 
 
-def _target_tokenizer(model_dir: str | Path):
+def _target_tokenizer(model_dir: str | Path, trust_remote_code: bool):
     """The target's tokenizer, after checking that its architecture is one transformers knows
     (the first job that reads the target says so, not the engine much later)."""
-    from transformers import AutoConfig, AutoTokenizer
+    from transformers import AutoConfig
 
+    refusal = untrusted_tokenizer_code(model_dir, trust_remote_code)
+    if refusal:
+        raise InputError(refusal)
     try:
-        AutoConfig.from_pretrained(model_dir)
-        return AutoTokenizer.from_pretrained(model_dir)
-    except (ValueError, OSError, KeyError) as err:
+        AutoConfig.from_pretrained(model_dir, trust_remote_code=trust_remote_code)
+        return target_tokenizer(model_dir, trust_remote_code=trust_remote_code)
+    except (ValueError, OSError, KeyError, ImportError) as err:
         reason = str(err).splitlines()[0]
-        raise InputError(f"target.model: {model_dir} cannot be loaded: {reason}") from None
+        hint = "" if trust_remote_code else " (if it ships code to run: target.trust_remote_code)"
+        raise InputError(f"target.model: {model_dir} cannot be loaded: {reason}{hint}") from None
 
 
 def plan_from_prompts(
@@ -135,6 +140,7 @@ def plan_from_prompts(
     max_samples_per_shard: int,
     expected_response_tokens: int,
     on_error: str = "fail",
+    trust_remote_code: bool = False,
 ) -> dict:
     """Render every request's prompt ids with the target's chat template and write the plan.
 
@@ -146,7 +152,7 @@ def plan_from_prompts(
     prompts = read_jsonl(prompts_path)
     sources = {p["id"]: p.get("source", p["id"]) for p in prompts}
     requests = generation_requests(prompts, turns)
-    tokenizer = _target_tokenizer(model_dir)
+    tokenizer = _target_tokenizer(model_dir, trust_remote_code)
     prompt_ids = [render_prompt_ids(tokenizer, r["messages"]) for r in requests]
     kept, kept_ids, skipped = [], [], []
     for request, ids in zip(requests, prompt_ids, strict=True):

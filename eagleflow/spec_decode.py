@@ -7,8 +7,10 @@ after the end-of-turn token too (they are counted before the output is truncated
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -51,8 +53,10 @@ def _generate(
     max_model_len: int,
     speculative_config: dict | None = None,
     seed: int = 0,
+    options: Mapping[str, Any] | None = None,
 ) -> tuple[list[list[int]], list, float]:
-    """Greedy outputs, the engine's metrics and the generation seconds (engine load excluded)."""
+    """Greedy outputs, the engine's metrics and the generation seconds (engine load excluded);
+    `options`: the user's engine options."""
     import gc
 
     from vllm import SamplingParams, TokensPrompt
@@ -63,6 +67,7 @@ def _generate(
         target,
         seed=seed,
         max_model_len=max_model_len,
+        options=options,
         disable_log_stats=False,
         speculative_config=speculative_config,
     )
@@ -78,11 +83,20 @@ def _generate(
 
 
 def generate_plain(
-    target: str | Path, prompt_token_ids: list[list[int]], *, max_tokens: int, max_model_len: int
+    target: str | Path,
+    prompt_token_ids: list[list[int]],
+    *,
+    max_tokens: int,
+    max_model_len: int,
+    options: Mapping[str, Any] | None = None,
 ) -> tuple[list[list[int]], float]:
     """Greedy generation without speculation: outputs and seconds."""
     outputs, _, seconds = _generate(
-        target, prompt_token_ids, max_tokens=max_tokens, max_model_len=max_model_len
+        target,
+        prompt_token_ids,
+        max_tokens=max_tokens,
+        max_model_len=max_model_len,
+        options=options,
     )
     return outputs, seconds
 
@@ -95,6 +109,7 @@ def generate_with_drafter(
     num_speculative_tokens: int,
     max_tokens: int,
     max_model_len: int = 1024,
+    options: Mapping[str, Any] | None = None,
 ) -> tuple[list[list[int]], Acceptance, float]:
     """Greedy generation with EAGLE-3 drafting: outputs, acceptance and seconds."""
     outputs, metrics, seconds = _generate(
@@ -102,6 +117,7 @@ def generate_with_drafter(
         prompt_token_ids,
         max_tokens=max_tokens,
         max_model_len=max_model_len,
+        options=options,
         speculative_config={
             "method": "eagle3",
             "model": str(drafter),

@@ -21,7 +21,7 @@ import fcntl
 import os
 import shutil
 import tempfile
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -96,18 +96,21 @@ def extraction_engine(
     *,
     seed: int,
     max_model_len: int,
-    engine_kwargs: dict[str, Any],
+    engine_kwargs: dict[str, Any] | None = None,
+    options: Mapping[str, Any] | None = None,
 ) -> Iterator[Any]:
     """A `vllm.LLM` that captures `layer_ids` through our connector into a scratch directory
-    (removed afterwards, with anything left in it); the engine is shut down on exit."""
-    from eagleflow.engine import build_llm
+    (removed afterwards, with anything left in it); the engine is shut down on exit.
+    `options`: the user's engine options; `engine_kwargs`: settings the caller needs."""
+    from eagleflow.engine import build_llm, engine_world_size
 
     root = _scratch_root()
     _remove_stale_scratch(root)
     prefix = f"{SCRATCH_PREFIX}{os.getpid()}-"
     with tempfile.TemporaryDirectory(prefix=prefix, dir=root) as scratch:
-        settings = {**extraction_engine_settings(layer_ids, scratch), **engine_kwargs}
-        if not torch.cuda.is_available():  # connector, engine and this loop: one process
+        settings = {**extraction_engine_settings(layer_ids, scratch), **(engine_kwargs or {})}
+        # Connector, engine and this loop in one process: a CPU engine with one worker.
+        if not torch.cuda.is_available() and engine_world_size(options or {}) == 1:
             extra = settings["kv_transfer_config"]["kv_connector_extra_config"]
             settings["kv_transfer_config"]["kv_connector_extra_config"] = {
                 **extra,
@@ -115,7 +118,12 @@ def extraction_engine(
                 "use_synchronization_lock": False,
             }
         llm = build_llm(
-            model_dir, seed=seed, max_model_len=max_model_len, in_process_core=True, **settings
+            model_dir,
+            seed=seed,
+            max_model_len=max_model_len,
+            in_process_core=True,
+            options=options,
+            **settings,
         )
         try:
             yield llm

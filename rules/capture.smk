@@ -22,8 +22,9 @@ rule capture:
     threads: 2
     resources:
         mem_mb=6000,
-        gpu=GPUS_PER_JOB,
+        gpu=engine_gpus("generation"),
     params:
+        **engine_params("generation"),
         backend=config["generation"]["backend"],
         temperature=config["generation"]["temperature"],
         top_p=config["generation"]["top_p"],

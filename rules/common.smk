@@ -7,6 +7,7 @@ from snakemake.exceptions import WorkflowError
 from snakemake.utils import min_version, validate
 
 from eagleflow.config import missing_paths, raise_if_invalid, schema_errors
+from eagleflow.engine import engine_options, engine_world_size, state_options
 from eagleflow.layers import resolve_aux_layer_ids
 from eagleflow.target_config import target_num_layers
 
@@ -24,9 +25,23 @@ except WorkflowError:
 raise_if_invalid(missing_paths(config))
 
 
-# GPUs one engine job holds (generation, extraction, serving check; training: one per process).
-# Local runs cap the GPU jobs running at once with `--resources gpu=N` (profiles/default: 1).
-GPUS_PER_JOB = 1 if shutil.which("nvidia-smi") else 0
+# Jobs hold GPUs on an NVIDIA machine, and on a cluster (whose submit host may have none).
+# Local runs cap the GPUs in use at once with `--resources gpu=N` (profiles/default: 1).
+GPU_JOBS = bool(shutil.which("nvidia-smi")) or not workflow.local_exec
+GPUS_PER_JOB = 1 if GPU_JOBS else 0  # training: one per process
+
+
+def engine_gpus(stage):
+    """GPUs one engine job of `stage` holds: tensor x pipeline x data parallel of its engine."""
+    return engine_world_size(engine_options(config, stage)) if GPU_JOBS else 0
+
+
+def engine_params(stage):
+    """`{"engine": ...}`: the engine options of `stage` that change the states it computes, for
+    a rule's params, so that a change reruns its jobs (the job reads the speed options from the
+    config). Empty when none is set: runs made before engine options existed stay up to date."""
+    options = state_options(engine_options(config, stage))
+    return {"engine": options} if options else {}
 
 DEMO_TARGET = "results/demo/target"
 DEMO_PROMPTS = "results/demo/prompts.jsonl"

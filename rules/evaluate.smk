@@ -37,8 +37,9 @@ rule evaluate_serving:
         VLLM_ENV
     threads: 2
     resources:
-        gpu=GPUS_PER_JOB,
+        gpu=engine_gpus("evaluate"),
     params:
+        **engine_params("evaluate"),
         k=config["evaluate"]["serving_k"],
         max_prompts=config["evaluate"]["max_prompts"],
         tolerance=config["evaluate"]["tolerance"],

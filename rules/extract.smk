@@ -20,8 +20,9 @@ rule extract:
     threads: 2
     resources:
         mem_mb=6000,
-        gpu=GPUS_PER_JOB,
+        gpu=engine_gpus("extract"),
     params:
+        **engine_params("extract"),
         backend=config["extract"]["backend"],
         server_url=config["extract"]["server_url"],
         aux_layer_ids=aux_layer_ids,

@@ -2,6 +2,7 @@
 are captured as it generates (see eagleflow.capture)."""
 
 from eagleflow.capture import ShardFormat, generate_and_capture_shard
+from eagleflow.engine import engine_options
 from eagleflow.generate import Sampling
 from eagleflow.logs import log_job_errors, setup_job_logging
 from eagleflow.status import disk_preflight
@@ -30,5 +31,6 @@ if __name__ == "__main__":  # vLLM spawns worker processes that re-import this m
             ),
             server_url=generation["server_url"],
             server_concurrency=generation["server_concurrency"],
+            engine_options=engine_options(snakemake.config, "generation"),
         )
     log.info("%s", summary)

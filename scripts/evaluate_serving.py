@@ -2,6 +2,7 @@
 
 import json
 
+from eagleflow.engine import engine_options
 from eagleflow.evaluate import serving_check
 from eagleflow.logs import log_job_errors, setup_job_logging
 
@@ -21,5 +22,6 @@ if __name__ == "__main__":  # vLLM spawns worker processes that re-import this m
             max_prompts=params.max_prompts,
             max_tokens=params.max_tokens,
             max_model_len=params.max_model_len,
+            engine_options=engine_options(snakemake.config, "evaluate"),
         )
     log.info("%s", report)

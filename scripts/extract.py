@@ -1,5 +1,6 @@
 """Snakemake entry: extract one shard's hidden states (see eagleflow.extract)."""
 
+from eagleflow.engine import engine_options
 from eagleflow.extract import extract_shard
 from eagleflow.logs import log_job_errors, setup_job_logging
 from eagleflow.status import disk_preflight
@@ -22,5 +23,6 @@ if __name__ == "__main__":  # vLLM spawns worker processes that re-import this m
             server_url=params.server_url,
             server_concurrency=extract["server_concurrency"],
             encode_threads=snakemake.threads,
+            engine_options=engine_options(snakemake.config, "extract"),
         )
     log.info("%s", summary)

@@ -1,5 +1,6 @@
 """Snakemake entry: the target answers one shard's requests (see eagleflow.generate)."""
 
+from eagleflow.engine import engine_options
 from eagleflow.generate import Sampling, generate_shard
 from eagleflow.logs import log_job_errors, setup_job_logging
 
@@ -18,5 +19,6 @@ if __name__ == "__main__":  # vLLM spawns worker processes that re-import this m
             max_model_len=params.max_model_len,
             server_url=generation["server_url"],
             server_concurrency=generation["server_concurrency"],
+            engine_options=engine_options(snakemake.config, "generation"),
         )
     log.info("%s", summary)

@@ -12,6 +12,7 @@ with log_job_errors(log):
         turns=snakemake.params.turns,
         max_model_len=snakemake.params.max_model_len,
         on_error=snakemake.params.on_error,
+        trust_remote_code=snakemake.config["target"]["trust_remote_code"],
         **snakemake.params.settings,
     )
 log.info(

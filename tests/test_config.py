@@ -2,13 +2,26 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
+import pytest
 import yaml
-from conftest import REPO, run_snakemake, write_config
+from conftest import REPO, deep_merge, run_snakemake, write_config
+from snakemake.utils import validate
 
 from eagleflow.config import missing_paths, schema_errors
+from eagleflow.engine import (
+    LAYOUT_OPTIONS,
+    STATE_OPTIONS,
+    cpu_threads_bind,
+    engine_cli_flags,
+    engine_options,
+    engine_world_size,
+    state_options,
+)
 from eagleflow.fingerprint import tokenizer_fingerprint
+from eagleflow.logs import InputError
 
 SCHEMA = REPO / "rules" / "schemas" / "config.schema.yaml"
 
@@ -24,8 +37,8 @@ def test_schema_errors_name_the_key() -> None:
     config["demo_target"]["num_layers"] = 4
     config["tempreature"] = 0.7
     assert schema_errors(config, SCHEMA) == [
-        "tempreature: unknown config key (allowed here: demo_prompts, demo_target, evaluate, "
-        "extract, generation, plan, prepare, prompts, target, train, vocab)",
+        "tempreature: unknown config key (allowed here: demo_prompts, demo_target, engine, "
+        "evaluate, extract, generation, plan, prepare, prompts, target, train, vocab)",
         "demo_target.num_layers: 4 is less than the minimum of 8",
         "prompts.on_eror: unknown config key (allowed here: limit, on_error, paths)",
     ]
@@ -93,3 +106,90 @@ def test_schema_lists_exactly_the_codecs_the_writer_knows() -> None:
 
     codec = yaml.safe_load(SCHEMA.read_text())["properties"]["extract"]["properties"]["codec"]
     assert sorted(codec["enum"]) == sorted(CODECS) and codec["default"] == DEFAULT_CODEC
+
+
+def _validated(overrides: dict) -> dict:
+    """The repo config with `overrides` merged in, checked and filled with the schema defaults."""
+    config = deep_merge(yaml.safe_load((REPO / "config.yaml").read_text()), overrides)
+    validate(config, str(SCHEMA))
+    return config
+
+
+def test_stage_engine_options_merge_over_the_top_level_section() -> None:
+    config = _validated(
+        {
+            "engine": {"tensor_parallel_size": 8, "max_num_seqs": 64, "extra": {"seed": 3}},
+            "extract": {"engine": {"max_num_seqs": 16, "extra": {"max_logprobs": 0}}},
+            "evaluate": {"engine": {"tensor_parallel_size": 4}},
+        }
+    )
+    assert engine_options(config, "extract") == {
+        "max_logprobs": 0,
+        "max_num_seqs": 16,
+        "seed": 3,
+        "tensor_parallel_size": 8,
+    }
+    assert engine_options(config, "generation") == {
+        "max_num_seqs": 64,
+        "seed": 3,
+        "tensor_parallel_size": 8,
+    }
+    assert engine_options(config, "evaluate")["tensor_parallel_size"] == 4
+    # Speed knobs stay out of the rule params (changing them reruns nothing), the rest is in.
+    assert state_options(engine_options(config, "extract")) == {
+        "max_logprobs": 0,
+        "seed": 3,
+        "tensor_parallel_size": 8,
+    }
+    assert engine_options(_validated({}), "extract") == {}
+
+
+def test_schema_names_every_engine_option_and_says_what_it_reruns() -> None:
+    schema = yaml.safe_load(SCHEMA.read_text())
+    options = schema["$defs"]["engine_options"]["properties"]
+    assert set(options) == {*STATE_OPTIONS, *LAYOUT_OPTIONS, "extra"}
+    for name, spec in options.items():
+        tag = "[speed]" if name in LAYOUT_OPTIONS else "[states]"
+        assert spec["description"].startswith(tag), name
+    for stage in ("generation", "extract", "evaluate"):
+        assert schema["properties"][stage]["properties"]["engine"]["$ref"].endswith(
+            "engine_options"
+        )
+
+
+def test_misspelled_engine_option_is_named() -> None:
+    config = yaml.safe_load((REPO / "config.yaml").read_text())
+    config["generation"]["engine"] = {"tensor_paralel_size": 2}
+    (error,) = schema_errors(config, SCHEMA)
+    assert error.startswith("generation.engine.tensor_paralel_size: unknown config key")
+
+
+def test_engine_options_as_server_flags_and_world_size() -> None:
+    options = {
+        "enable_expert_parallel": True,
+        "hf_overrides": {"a": 1},
+        "kv_cache_dtype": "fp8",
+        "pipeline_parallel_size": 2,
+        "tensor_parallel_size": 8,
+    }
+    assert engine_cli_flags(options) == [
+        "--enable-expert-parallel",
+        '--hf-overrides={"a": 1}',
+        "--kv-cache-dtype=fp8",
+        "--pipeline-parallel-size=2",
+        "--tensor-parallel-size=8",
+    ]
+    assert engine_cli_flags({"enable_prefix_caching": False}) == ["--no-enable-prefix-caching"]
+    assert engine_world_size(options) == 16
+    assert engine_world_size({"data_parallel_size": 2}) == 2
+
+
+def test_cpu_engine_workers_get_a_core_list_each() -> None:
+    cores = sorted(os.sched_getaffinity(0))
+    assert cpu_threads_bind(1) is None
+    if len(cores) >= 2:
+        lists = cpu_threads_bind(2).split("|")
+        assert len(lists) == 2
+        assert {int(c) for part in lists for c in part.split(",")} <= set(cores)
+    with pytest.raises(InputError, match=f"{len(cores) + 1} CPU engine workers need a core"):
+        cpu_threads_bind(len(cores) + 1)

