@@ -37,11 +37,12 @@ def engine_gpus(stage):
 
 
 def engine_params(stage):
-    """`{"engine": ...}`: the engine options of `stage` that change the states it computes, for
-    a rule's params, so that a change reruns its jobs (the job reads the speed options from the
-    config). Empty when none is set: runs made before engine options existed stay up to date."""
+    """`{"engine": ...}`: the engine options of `stage` that change its states, for a rule's
+    params, so that a change reruns its jobs (the job reads the speed options from the config).
+    Empty when none is set: runs made before engine options existed stay up to date."""
     options = state_options(engine_options(config, stage))
     return {"engine": options} if options else {}
+
 
 DEMO_TARGET = "results/demo/target"
 DEMO_PROMPTS = "results/demo/prompts.jsonl"
