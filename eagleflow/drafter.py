@@ -27,7 +27,7 @@ from torch import nn
 
 from eagleflow.logs import InputError
 from eagleflow.precision import native_bf16
-from eagleflow.target_config import target_text_config
+from eagleflow.target_config import read_target_config, target_text_config
 
 
 @dataclass(frozen=True)
@@ -257,10 +257,18 @@ def _tensor_files(model_dir: Path) -> dict[str, Path]:
         return {name: single for name in handle.keys()}
 
 
+# Where real checkpoints keep the decoder (its embed_tokens and norm) and the lm_head: causal
+# LMs; transformers 5 wrappers (Qwen2.5-VL); Kimi-K2.5 and LLaVA-style wrappers.
+DECODER_PREFIXES = ("model.", "model.language_model.", "language_model.model.")
+LM_HEAD_NAMES = ("lm_head.weight", "language_model.lm_head.weight", "model.lm_head.weight")
+
+
 def load_target_head(model_dir: str | Path) -> TargetHead:
-    """Read only the embedding, final norm and lm_head of the target's safetensors."""
+    """Read only the embedding, final norm and lm_head of the target's safetensors, under any
+    of the layouts real checkpoints use (a multimodal wrapper's included)."""
     model_dir = Path(model_dir)
     config = target_text_config(model_dir)
+    wrapper = read_target_config(model_dir)
     files = _tensor_files(model_dir)
 
     def tensor(*names: str) -> torch.Tensor:
@@ -270,10 +278,8 @@ def load_target_head(model_dir: str | Path) -> TargetHead:
                     return handle.get_tensor(name)
         raise InputError(f"{model_dir}: none of the tensors {', '.join(names)} exists")
 
-    embed = tensor("model.embed_tokens.weight", "model.language_model.embed_tokens.weight")
-    norm = tensor("model.norm.weight", "model.language_model.norm.weight")
-    if config.get("tie_word_embeddings"):
-        lm_head = embed
-    else:
-        lm_head = tensor("lm_head.weight", "model.lm_head.weight")
+    embed = tensor(*(prefix + "embed_tokens.weight" for prefix in DECODER_PREFIXES))
+    norm = tensor(*(prefix + "norm.weight" for prefix in DECODER_PREFIXES))
+    tied = config.get("tie_word_embeddings", wrapper.get("tie_word_embeddings", False))
+    lm_head = embed if tied else tensor(*LM_HEAD_NAMES)
     return TargetHead(embed, norm, lm_head.to(torch.bfloat16), float(config["rms_norm_eps"]))

@@ -14,6 +14,7 @@ from typing import Any
 
 import torch
 
+from eagleflow.hf_target import load_causal_lm
 from eagleflow.logs import InputError
 from eagleflow.precision import compute_dtype
 from eagleflow.progress import token_progress
@@ -82,16 +83,15 @@ def extract_hf(
     window and run in right-padded batches of at most `batch_tokens` padded tokens, so memory
     stays bounded by the window while samples are still appended in order.
     """
-    from transformers import AutoModelForCausalLM
-
     # Only the base model runs (the lm_head is loaded, but never computed); on the GPU when
     # there is one, so the same code serves both.
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     # bf16 where the device computes it natively; elsewhere float32, rounded to bf16 when stored.
     dtype = compute_dtype(device)
-    model = AutoModelForCausalLM.from_pretrained(
+    # The text decoder alone (of a wrapper too); its hooked layers give the states.
+    model = load_causal_lm(
         model_dir, dtype=dtype, trust_remote_code=trust_remote_code
-    ).base_model
+    ).get_decoder()
     model.to(device).eval()
     layers = getattr(model, "layers", None)
     if not isinstance(layers, torch.nn.ModuleList):

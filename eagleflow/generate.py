@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from eagleflow.files import read_jsonl, write_jsonl
+from eagleflow.hf_target import load_causal_lm
 from eagleflow.logs import InputError
 from eagleflow.progress import token_progress
 from eagleflow.server_client import ServerClient, server_model_name
@@ -100,16 +101,16 @@ def generate_hf(
 ) -> list[Completion]:
     """Generate with transformers, batches of similar prompt length, left-padded."""
     import torch
-    from transformers import AutoModelForCausalLM, GenerationConfig
 
     from eagleflow.precision import compute_dtype
 
-    model = AutoModelForCausalLM.from_pretrained(
+    model = load_causal_lm(
         model_dir, dtype=compute_dtype("cpu"), trust_remote_code=trust_remote_code
     ).eval()
-    eos = GenerationConfig.from_pretrained(model_dir).eos_token_id
+    eos = model.generation_config.eos_token_id
     eos_ids = set(eos if isinstance(eos, list) else [eos])
-    pad = model.config.pad_token_id if model.config.pad_token_id is not None else min(eos_ids)
+    text_config = model.config.get_text_config()  # a wrapper's decoder settings
+    pad = text_config.pad_token_id if text_config.pad_token_id is not None else min(eos_ids)
     order = sorted(range(len(prompt_ids)), key=lambda i: len(prompt_ids[i]))
     completions: dict[int, Completion] = {}
     with (

@@ -9,13 +9,18 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 from eagleflow.files import atomic_output, read_jsonl, write_json
 from eagleflow.logs import InputError
 from eagleflow.target_config import target_tokenizer, untrusted_tokenizer_code
 
 SHARD_FILE = "shard-{}.jsonl"
+
+
+ASKING_ROLES = ("user", "tool")  # turns an assistant answers
 
 
 def shard_name(index: int) -> str:
@@ -35,22 +40,25 @@ def generation_requests(prompts: list[dict], turns: str) -> list[dict]:
     requests = []
     for prompt in prompts:
         messages = prompt["messages"]
-        last_user = max(i for i, m in enumerate(messages) if m["role"] == "user")
+        # Answer after the last user turn, or after the last tool result (agentic data).
+        asks = [i for i, m in enumerate(messages) if m["role"] in ASKING_ROLES]
+        last_user = asks[-1]
         if turns == "last":
             cuts = [last_user + 1]
         else:
             cuts = [
                 i
                 for i, m in enumerate(messages)
-                if m["role"] == "assistant" and messages[i - 1]["role"] == "user" and i > 0
+                if m["role"] == "assistant"
+                and i > 0
+                and messages[i - 1]["role"] in ("user", "tool")
             ]
-            if messages[-1]["role"] == "user":
+            if messages[-1]["role"] in ASKING_ROLES:
                 cuts.append(len(messages))
         for turn, cut in enumerate(cuts):
             sample_id = prompt["id"] if turns == "last" else f"{prompt['id']}-t{turn}"
-            requests.append(
-                {"id": sample_id, "prompt_id": prompt["id"], "messages": messages[:cut]}
-            )
+            request = {"id": sample_id, "prompt_id": prompt["id"], "messages": messages[:cut]}
+            requests.append(request | ({"tools": prompt["tools"]} if "tools" in prompt else {}))
     return requests
 
 
@@ -141,11 +149,14 @@ def plan_from_prompts(
     expected_response_tokens: int,
     on_error: str = "fail",
     trust_remote_code: bool = False,
+    chat_template_kwargs: Mapping[str, Any] | None = None,
 ) -> dict:
-    """Render every request's prompt ids with the target's chat template and write the plan.
+    """Render every request's prompt ids with the target's chat template (and its
+    `chat_template_kwargs`) and write the plan.
 
-    A prompt that leaves no room for a response within `max_model_len` is an error naming its
-    file:line; with `on_error` "skip" it is left out and listed in plan.json's `skipped`.
+    A prompt the template cannot render, or that leaves no room for a response within
+    `max_model_len`, is an error naming its file:line; with `on_error` "skip" it is left out and
+    listed in plan.json's `skipped`.
     """
     from eagleflow.chat import render_prompt_ids
 
@@ -153,20 +164,31 @@ def plan_from_prompts(
     sources = {p["id"]: p.get("source", p["id"]) for p in prompts}
     requests = generation_requests(prompts, turns)
     tokenizer = _target_tokenizer(model_dir, trust_remote_code)
-    prompt_ids = [render_prompt_ids(tokenizer, r["messages"]) for r in requests]
     kept, kept_ids, skipped = [], [], []
-    for request, ids in zip(requests, prompt_ids, strict=True):
+    for request in requests:
+        source = sources[request["prompt_id"]]
+        try:
+            ids = render_prompt_ids(
+                tokenizer, request["messages"], chat_template_kwargs, request.get("tools")
+            )
+        except Exception as err:  # jinja2's TemplateError, or what the template raises
+            reason = f"{source}: the chat template cannot render prompt {request['id']}: {err}"
+            if on_error != "skip":
+                raise InputError(reason) from None
+            skipped.append({"source": source, "request": request["id"], "reason": str(err)})
+            logging.getLogger("eagleflow").warning("skipped (prompts.on_error: skip): %s", reason)
+            continue
         if len(ids) < max_model_len:
             kept.append(request)
             kept_ids.append(ids)
             continue
         reason = (
-            f"{sources[request['prompt_id']]}: prompt {request['id']} has {len(ids)} tokens, "
+            f"{source}: prompt {request['id']} has {len(ids)} tokens, "
             f"no room for an answer within target.max_model_len={max_model_len}"
         )
         if on_error != "skip":
             raise InputError(reason)
-        skipped.append({"source": sources[request["prompt_id"]], "request": request["id"],
+        skipped.append({"source": source, "request": request["id"],
                         "reason": "too long", "prompt_tokens": len(ids)})  # fmt: skip
         logging.getLogger("eagleflow").warning("skipped (prompts.on_error: skip): %s", reason)
     if not kept:

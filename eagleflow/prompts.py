@@ -1,7 +1,10 @@
 """Prompt input: OpenAI `messages`, ShareGPT `conversations` or a plain `prompt`, one JSON per line.
 
-Everything is normalized to `{"id", "messages", "source"}` where `id` is a hash of the
-conversation's content, so the same prompt keeps its id whatever file or line it came from.
+Everything is normalized to `{"id", "messages", "source"}` (and the request's `tools`, when
+given) where `id` is a hash of the conversation's content, so the same prompt keeps its id
+whatever file or line it came from. OpenAI messages keep what agentic and reasoning data carry:
+`tool_calls` of assistant turns, `tool` turns (`tool_call_id`, `name`), and the
+`reasoning_content` of earlier assistant turns (the chat template decides what it renders).
 """
 
 from __future__ import annotations
@@ -13,7 +16,9 @@ from pathlib import Path
 
 from eagleflow.logs import InputError
 
-ROLES = ("system", "user", "assistant")
+ROLES = ("system", "user", "assistant", "tool")
+# Keys of an OpenAI message kept next to role and content (tool use, earlier reasoning).
+MESSAGE_EXTRAS = ("reasoning_content", "tool_calls", "tool_call_id", "name")
 # ShareGPT speaker names seen in the wild, mapped onto chat roles.
 SHAREGPT_ROLES = {
     "system": "system",
@@ -50,12 +55,35 @@ class NormalizeStats:
         }
 
 
-def prompt_id(messages: list[dict]) -> str:
-    """Content hash of a conversation: stable across files, line order and key order."""
+def prompt_id(messages: list[dict], tools: list | None = None) -> str:
+    """Content hash of a conversation: stable across files, line order and key order. A plain
+    conversation hashes as [[role, content], ...] (ids from before tool use stay the same)."""
+    turns = [
+        [m["role"], m["content"], *({k: m[k]} for k in MESSAGE_EXTRAS if k in m)] for m in messages
+    ]
     canonical = json.dumps(
-        [[m["role"], m["content"]] for m in messages], ensure_ascii=False, separators=(",", ":")
+        [*turns, {"tools": tools}] if tools else turns,
+        ensure_ascii=False,
+        separators=(",", ":"),
+        sort_keys=True,
     )
     return hashlib.sha256(canonical.encode()).hexdigest()[:16]
+
+
+def _message(turn: dict, role: str, text: object, where: str) -> dict:
+    """One normalized message: role, content and the OpenAI extras it carries."""
+    extras = {k: turn[k] for k in MESSAGE_EXTRAS if turn.get(k) is not None}
+    if "tool_calls" in extras and (
+        role != "assistant" or not isinstance(extras["tool_calls"], list)
+    ):
+        raise PromptError(f"{where}: tool_calls must be a list on an assistant turn")
+    if "reasoning_content" in extras and role != "assistant":
+        raise PromptError(f"{where}: reasoning_content belongs to an assistant turn")
+    if text is None and "tool_calls" in extras:
+        text = ""  # an assistant turn that only calls tools
+    elif not isinstance(text, str) or not text.strip():
+        raise PromptError(f"{where}: empty or non-string content")
+    return {"role": role, "content": text, **extras}
 
 
 def _turns(record: dict) -> list[dict]:
@@ -74,16 +102,19 @@ def _turns(record: dict) -> list[dict]:
     messages = []
     for i, turn in enumerate(turns):
         where = f"turn {i}"
-        if not isinstance(turn, dict) or role_key not in turn or text_key not in turn:
+        calls_only = isinstance(turn, dict) and "tool_calls" in turn  # content may be absent
+        if (
+            not isinstance(turn, dict)
+            or role_key not in turn
+            or not (text_key in turn or calls_only)
+        ):
             raise PromptError(f"{where}: expected an object with '{role_key}' and '{text_key}'")
-        speaker, text = turn[role_key], turn[text_key]
+        speaker, text = turn[role_key], turn.get(text_key)
         role = names.get(speaker) if names else speaker
         if role not in ROLES:
             allowed = sorted(names) if names else list(ROLES)
             raise PromptError(f"{where}: unknown role {speaker!r} (expected one of {allowed})")
-        if not isinstance(text, str) or not text.strip():
-            raise PromptError(f"{where}: empty or non-string content")
-        messages.append({"role": role, "content": text})
+        messages.append(_message(turn, role, text, where))
     if not any(m["role"] == "user" for m in messages):
         raise PromptError("no user turn")
     return messages
@@ -105,7 +136,12 @@ def parse_line(raw: bytes, source: str) -> dict:
         messages = _turns(record)
     except PromptError as err:
         raise PromptError(f"{source}: {err}") from None
-    normalized = {"id": prompt_id(messages), "messages": messages, "source": source}
+    tools = record.get("tools")
+    if tools is not None and not isinstance(tools, list):
+        raise PromptError(f"{source}: tools must be a list (OpenAI function definitions)")
+    normalized = {"id": prompt_id(messages, tools), "messages": messages, "source": source}
+    if tools:
+        normalized["tools"] = tools
     if "id" in record:
         normalized["user_id"] = str(record["id"])
     return normalized

@@ -99,6 +99,13 @@ HIDDEN_SHARD = "results/hidden/shard-{shard}.zarr"
 HIDDEN_MANIFEST = "results/hidden/shard-{shard}.sha256"
 
 
+def chat_template_params():
+    """`{"chat_template_kwargs": ...}` for the plan's params when set (a change replans); empty
+    otherwise, so that runs made before the key existed stay up to date."""
+    kwargs = config["target"]["chat_template_kwargs"]
+    return {"chat_template_kwargs": dict(sorted(kwargs.items()))} if kwargs else {}
+
+
 def prepare_max_len():
     """The longest training sample (prepare's cut)."""
     return config["prepare"]["max_len"] or config["target"]["max_model_len"]

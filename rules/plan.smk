@@ -12,6 +12,7 @@ checkpoint plan:
     conda:
         "../envs/torch.yaml"
     params:
+        **chat_template_params(),
         turns=config["generation"]["turns"],
         max_model_len=config["target"]["max_model_len"],
         on_error=config["prompts"]["on_error"],

@@ -13,6 +13,7 @@ with log_job_errors(log):
         max_model_len=snakemake.params.max_model_len,
         on_error=snakemake.params.on_error,
         trust_remote_code=snakemake.config["target"]["trust_remote_code"],
+        chat_template_kwargs=snakemake.config["target"]["chat_template_kwargs"],
         **snakemake.params.settings,
     )
 log.info(

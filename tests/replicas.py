@@ -495,3 +495,24 @@ def write_kimi_target(path: str | Path, *, layout: str = "k2") -> Path:
     """A Kimi-like target directory without weights (enough to plan prompts): the replica
     tokenizer and a tiny config (`write_kimi_config`)."""
     return write_kimi_config(write_kimi_tokenizer(path), layout=layout)
+
+
+def write_kimi_k25_weights(path: str | Path, *, seed: int = 0) -> Path:
+    """Random bf16 weights for the `k25` replica in `path`, saved by transformers' own
+    Kimi-K2.5 class in the released checkpoint's layout: the DeepSeek-V3 decoder under
+    `language_model.model.*`, its lm_head under `language_model.lm_head.*`, next to the vision
+    tower and projector (`vision_tower.*`, `mm_projector.*`) that the text stages leave alone."""
+    import shutil
+    import tempfile
+
+    import torch
+    from transformers import AutoConfig, AutoModelForImageTextToText
+
+    path = Path(path)
+    torch.manual_seed(seed)
+    config = AutoConfig.from_pretrained(path)
+    model = AutoModelForImageTextToText.from_config(config).to(torch.bfloat16)
+    with tempfile.TemporaryDirectory() as tmp:
+        model.save_pretrained(tmp)
+        shutil.copy(Path(tmp) / "model.safetensors", path / "model.safetensors")
+    return path

@@ -215,3 +215,118 @@ def test_target_fingerprint_covers_the_model_code_it_ships(kimi_k2: Path, tmp_pa
     before = target_fingerprint(model)
     code.write_text(code.read_text() + "# a fix in the shipped config class\n")
     assert target_fingerprint(model) != before
+
+
+# A template in the style of reasoning and tool-using targets: earlier reasoning, tool calls,
+# tool results and the tool list are rendered; a `thinking` variable decides the generation
+# prompt; an assistant turn that only calls tools renders; what it does not know, it refuses.
+AGENT_TEMPLATE = (
+    "{% if tools %}<|im_system|>tools<|im_middle|>{{ tools | tojson }}<|im_end|>{% endif %}"
+    "{% for m in messages %}"
+    "{% if m.role == 'tool' %}<|im_system|>tool:{{ m.tool_call_id }}<|im_middle|>"
+    "{{ m.content }}<|im_end|>"
+    "{% elif m.role in ('user', 'assistant', 'system') %}"
+    "<|im_{{ m.role }}|>{{ m.role }}<|im_middle|>"
+    "{% if m.reasoning_content %}<think>{{ m.reasoning_content }}</think>{% endif %}"
+    "{{ m.content }}"
+    "{% for call in m.tool_calls or [] %}[call {{ call.function.name }}"
+    "({{ call.function.arguments }})]{% endfor %}<|im_end|>"
+    "{% else %}{{ raise_exception('role ' ~ m.role ~ ' is not supported') }}{% endif %}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}<|im_assistant|>assistant<|im_middle|>"
+    "{% if thinking is defined and not thinking %}<think></think>{% else %}<think>{% endif %}"
+    "{% endif %}"
+)
+AGENT_CONVERSATION = {
+    "messages": [
+        {"role": "user", "content": "What is the weather in Paris?"},
+        {
+            "role": "assistant",
+            "content": None,
+            "reasoning_content": "I should call the weather tool.",
+            "tool_calls": [
+                {
+                    "id": "call_1",
+                    "type": "function",
+                    "function": {"name": "weather", "arguments": '{"city": "Paris"}'},
+                }
+            ],
+        },
+        {"role": "tool", "tool_call_id": "call_1", "content": "18 C, sunny"},
+    ],
+    "tools": [{"type": "function", "function": {"name": "weather", "parameters": {}}}],
+}
+
+
+@pytest.fixture
+def agent_target(kimi_k25: Path, tmp_path: Path) -> Path:
+    model = shutil.copytree(kimi_k25, tmp_path / "agent")
+    config = json.loads((model / "tokenizer_config.json").read_text())
+    config["chat_template"] = AGENT_TEMPLATE
+    (model / "tokenizer_config.json").write_text(json.dumps(config))
+    return model
+
+
+def _plan(model: Path, lines: list[dict], tmp_path: Path, **settings) -> tuple[dict, Path]:
+    tmp_path.mkdir(exist_ok=True)
+    raw = tmp_path / "raw.jsonl"
+    raw.write_text("".join(json.dumps(line, ensure_ascii=False) + "\n" for line in lines))
+    records, _ = normalize_prompts([raw])
+    write_jsonl(tmp_path / "prompts.jsonl", records)
+    plan = plan_from_prompts(
+        tmp_path / "prompts.jsonl", model, tmp_path / "plan", trust_remote_code=True,
+        **{**PLAN, **settings},
+    )  # fmt: skip
+    return plan, raw
+
+
+def test_chat_template_kwargs_tool_calls_and_earlier_reasoning_reach_the_render(
+    agent_target: Path, tmp_path: Path
+) -> None:
+    tokenizer = target_tokenizer(agent_target, trust_remote_code=True)
+    _plan(agent_target, [AGENT_CONVERSATION], tmp_path / "on")
+    [request] = read_jsonl(tmp_path / "on" / "plan" / "shard-00000.jsonl")
+    text = tokenizer.decode(request["prompt_token_ids"])
+    assert text.startswith('<|im_system|>tools<|im_middle|>[{"type": "function"')
+    assert "<think>I should call the weather tool.</think>" in text
+    assert '[call weather({"city": "Paris"})]' in text
+    assert "<|im_system|>tool:call_1<|im_middle|>18 C, sunny<|im_end|>" in text
+    assert text.endswith("<|im_assistant|>assistant<|im_middle|><think>")
+    # The template's own variables (Kimi-K2.5's thinking toggle) reach the same render.
+    _plan(
+        agent_target,
+        [AGENT_CONVERSATION],
+        tmp_path / "off",
+        chat_template_kwargs={"thinking": False},
+    )
+    [off] = read_jsonl(tmp_path / "off" / "plan" / "shard-00000.jsonl")
+    assert tokenizer.decode(off["prompt_token_ids"]).endswith("<|im_middle|><think></think>")
+    assert (
+        off["prompt_token_ids"][: len(request["prompt_token_ids"]) - 1]
+        == request["prompt_token_ids"][:-1]
+    )
+
+
+def test_what_the_template_cannot_render_is_one_error_naming_file_and_line(
+    agent_target: Path, tmp_path: Path
+) -> None:
+    unknown_role = {
+        "messages": [
+            {"role": "user", "content": "hi"},
+            {"role": "tool", "tool_call_id": "x", "content": "late"},
+            {"role": "user", "content": "ok"},
+        ]
+    }
+    config = json.loads((agent_target / "tokenizer_config.json").read_text())
+    config["chat_template"] = AGENT_TEMPLATE.replace("'tool'", "'function'")
+    (agent_target / "tokenizer_config.json").write_text(json.dumps(config))
+    with pytest.raises(InputError) as err:
+        _plan(agent_target, [{"prompt": "fine"}, unknown_role], tmp_path)
+    raw = tmp_path / "raw.jsonl"
+    assert str(err.value).startswith(f"{raw}:2: the chat template cannot render prompt ")
+    assert str(err.value).endswith("role tool is not supported")
+    assert not (tmp_path / "plan").exists()
+    plan, _ = _plan(agent_target, [{"prompt": "fine"}, unknown_role], tmp_path, on_error="skip")
+    assert plan["samples"] == 1
+    [skipped] = plan["skipped"]
+    assert skipped["source"] == f"{raw}:2" and skipped["reason"] == "role tool is not supported"
