@@ -433,7 +433,7 @@ def tiny_deepseek_v3(path: str | Path, *, extra_rows: int = 64) -> dict:
         hidden_size=64,
         intermediate_size=128,
         moe_intermediate_size=32,
-        num_hidden_layers=2,
+        num_hidden_layers=8,  # the default aux ids (2, N//2, N-3) need N >= 8
         num_attention_heads=4,
         num_key_value_heads=4,
         n_shared_experts=1,

@@ -5,19 +5,26 @@ transformers' own Kimi-K2.5 class in the released checkpoint's layout."""
 
 from __future__ import annotations
 
+import json
+import os
+import re
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+import yaml
+from conftest import REPO, run_snakemake, write_config
 from replicas import kimi_vocab_size, write_kimi_k25_weights, write_kimi_target
 from safetensors import safe_open
 
 from eagleflow.drafter import load_target_head
 from eagleflow.extract import extract_shard
+from eagleflow.files import read_jsonl
 from eagleflow.generate import Sampling, generate_hf
 from eagleflow.hf_target import load_causal_lm
 from eagleflow.shards import open_shard
+from eagleflow.target_config import target_tokenizer
 
 
 @pytest.fixture(scope="module")
@@ -59,19 +66,17 @@ def test_hf_extraction_stores_the_text_decoders_hidden_states(
         for i, n in enumerate([5, 17, 9])
     ]
     out = tmp_path / "shard.zarr"
-    extract_shard(samples, kimi_k25, out, backend="hf", layer_ids=[1])
+    extract_shard(samples, kimi_k25, out, backend="hf", layer_ids=[2, 4, 5])
     decoder = load_causal_lm(kimi_k25, dtype=torch.float32).get_decoder()
     shard = open_shard(out)
-    assert shard.attrs["aux_layer_ids"] == [1] and shard.attrs["last_layer_id"] == 2
+    assert shard.attrs["aux_layer_ids"] == [2, 4, 5] and shard.attrs["last_layer_id"] == 8
     for i, sample in enumerate(samples):
         stored = shard.sample(i)
         with torch.inference_mode():
             ref = decoder(torch.tensor([sample["input_ids"]]), output_hidden_states=True)
             normed = decoder.norm(stored["last"].float())
-        for got, want in (
-            (stored["aux"][:, 0], ref.hidden_states[1][0]),
-            (normed, ref.hidden_states[-1][0]),
-        ):
+        pairs = [(stored["aux"][:, j], ref.hidden_states[k][0]) for j, k in enumerate([2, 4, 5])]
+        for got, want in [*pairs, (normed, ref.hidden_states[-1][0])]:
             error = (got.float() - want).norm() / want.norm()
             assert error < 0.02, (sample["id"], float(error))
 
@@ -79,3 +84,56 @@ def test_hf_extraction_stores_the_text_decoders_hidden_states(
 def test_hf_generation_runs_the_wrapped_decoder(kimi_k25: Path) -> None:
     completions = generate_hf(kimi_k25, [[5, 6, 7, 8]], [1], Sampling(0.0, 1.0, 4, 0))
     assert len(completions) == 1 and 1 <= len(completions[0].token_ids) <= 4
+
+
+def readme_reference_config() -> dict:
+    """The config.yaml block of the README's "A drafter for Kimi-K2.5 on one 8-GPU node"."""
+    text = (REPO / "README.md").read_text()
+    section = text.split("## A drafter for Kimi-K2.5 on one 8-GPU node", 1)[1]
+    block = section.split("```yaml\n# config.yaml\n", 1)[1].split("```", 1)[0]
+    return yaml.safe_load(block)
+
+
+@pytest.mark.slow
+def test_readme_reference_config_plans_on_the_kimi_replica(
+    kimi_k25: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The README's Kimi-K2.5 config, pointed at the replica: the plan job renders the prompts
+    with the shipped tokenizer class and thinking on; the dry run then lists one capture job per
+    shard, each (like the serving check) requesting TP = 8 GPUs on an NVIDIA machine (a stand-in
+    `nvidia-smi` here), and no demo target, generate or extract job."""
+    config = readme_reference_config()
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text(
+        "".join(
+            json.dumps({"prompt": f"Question {i}: what is {i} + {i}?"}) + "\n" for i in range(6)
+        )
+    )
+    config["target"]["model"] = str(kimi_k25)
+    config["prompts"]["paths"] = [str(prompts)]
+    config["plan"] = {"shard_tokens": 150, "max_samples_per_shard": 1000}  # a few shards
+    work = tmp_path / "run"
+    work.mkdir()
+    write_config(work, config)
+    stub = tmp_path / "bin" / "nvidia-smi"
+    stub.parent.mkdir()
+    stub.write_text("#!/bin/sh\necho 'a stand-in: no GPU here'\n")
+    stub.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{stub.parent}:{os.environ['PATH']}")
+    run_snakemake(work, "--cores", "1", "results/plan")
+    plan = json.loads((work / "results/plan/plan.json").read_text())
+    [first] = read_jsonl(work / "results/plan/shard-00000.jsonl")[:1]
+    tokenizer = target_tokenizer(kimi_k25, trust_remote_code=True)
+    assert tokenizer.decode(first["prompt_token_ids"]).endswith("<|im_middle|><think>")
+    dry = run_snakemake(work, "-n", "--resources", "gpu=8").stdout
+    gpus: dict[str, list[int]] = {}
+    rule = ""
+    for line in dry.splitlines():
+        if line.startswith("rule "):
+            rule = line.split()[1].rstrip(":")
+            gpus.setdefault(rule, [])
+        elif match := re.search(r"resources: .*\bgpu=(\d+)", line):
+            gpus[rule].append(int(match.group(1)))
+    assert gpus["capture"] == [8] * len(plan["shards"]) and len(plan["shards"]) >= 2
+    assert gpus["evaluate_serving"] == [8]
+    assert not {"demo_target", "generate", "extract"} & gpus.keys()
