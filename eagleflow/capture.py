@@ -15,6 +15,7 @@ training loss nor the offline evaluation reads the states of a sample's last tok
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -43,9 +44,12 @@ from eagleflow.progress import token_progress
 from eagleflow.server_client import (
     ServerClient,
     check_server_info,
+    failures_named,
+    first_live_server,
     in_order_on_threads,
     server_model_name,
     server_states_path,
+    server_urls,
 )
 from eagleflow.shards import DEFAULT_CHUNK_BYTES, DEFAULT_CODEC, ShardWriter
 from eagleflow.target_config import target_tokenizer
@@ -174,7 +178,7 @@ def generate_and_capture_shard(
     on_truncated: str,
     max_model_len: int,
     shard_format: ShardFormat,
-    server_url: str | None = None,
+    server_url: str | Sequence[str] | None = None,
     server_concurrency: int = 8,
     max_pending_bytes: int = 2**30,
     engine_options: Mapping[str, Any] | None = None,
@@ -191,22 +195,31 @@ def generate_and_capture_shard(
             f"extract.capture during_generation: generation.backend {backend!r} cannot capture "
             "hidden states; use vllm or server"
         )
-    if backend == "server" and not server_url:
-        raise InputError("generation.server_url: required when generation.backend is 'server'")
+    attrs, failures = ONE_PASS_ATTRS, contextlib.nullcontext()
+    if backend == "server":
+        urls = server_urls(server_url)
+        if not urls:
+            raise InputError("generation.server_url: required when generation.backend is 'server'")
+        server_url, _ = first_live_server(urls, "generation")
+        attrs = {**attrs, "server_url": server_url}
+        failures = failures_named(server_url, "generation")
     requests = read_jsonl(requests_path)
     tokenizer = target_tokenizer(
         model_dir, trust_remote_code=bool((engine_options or {}).get("trust_remote_code"))
     )
     start = time.monotonic()
-    with new_shard_writer(
-        model_dir,
-        hidden_path,
-        backend=backend,
-        layer_ids=shard_format.layer_ids,
-        codec=shard_format.codec,
-        chunk_bytes=shard_format.chunk_bytes,
-        attrs=ONE_PASS_ATTRS,
-    ) as writer:
+    with (
+        failures,
+        new_shard_writer(
+            model_dir,
+            hidden_path,
+            backend=backend,
+            layer_ids=shard_format.layer_ids,
+            codec=shard_format.codec,
+            chunk_bytes=shard_format.chunk_bytes,
+            attrs=attrs,
+        ) as writer,
+    ):
         layer_ids = [*writer.aux_layer_ids, writer.last_layer_id]
         if backend == "vllm":
             captured = _generate_vllm(

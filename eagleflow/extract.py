@@ -37,9 +37,12 @@ from eagleflow.progress import token_progress
 from eagleflow.server_client import (
     ServerClient,
     check_server_info,
+    failures_named,
+    first_live_server,
     in_order_on_threads,
     server_model_name,
     server_states_path,
+    server_urls,
 )
 from eagleflow.shards import DEFAULT_CHUNK_BYTES, DEFAULT_CODEC, ShardWriter, open_shard
 from eagleflow.target_config import target_dims
@@ -280,7 +283,7 @@ def extract_shard(
     max_pending_bytes: int = 2**30,
     batch_tokens: int = 8192,
     engine_options: Mapping[str, Any] | None = None,
-    server_url: str | None = None,
+    server_url: str | Sequence[str] | None = None,
     server_concurrency: int = 8,
     encode_threads: int = 2,
 ) -> dict[str, Any]:
@@ -288,7 +291,8 @@ def extract_shard(
 
     `tokens`: a JSONL path or a list of `{"id", "input_ids", "loss_mask"}`. `layer_ids`: the
     aux ids (default (2, N//2, N-3)); id N is always captured as `last`. `attrs` are added to
-    the shard's attributes, next to the fingerprints and backend. Chunks are compressed on
+    the shard's attributes, next to the fingerprints and backend. `server_url`: one extraction
+    server or several, tried in order until one answers. Chunks are compressed on
     `encode_threads` threads (0: on this one). Returns a summary: samples,
     tokens, seconds (extraction and writing, without model loading or engine shutdown),
     total_seconds, tokens_per_s (over `seconds`), stored and raw bytes (of the whole store and
@@ -299,6 +303,12 @@ def extract_shard(
     samples = load_samples(tokens)
     if not samples:
         raise InputError(f"{tokens}: no samples to extract")
+    if backend == "server":
+        urls = server_urls(server_url)
+        if not urls:
+            raise InputError("extract.server_url: required when extract.backend is 'server'")
+        server_url, _ = first_live_server(urls, "extraction")
+        attrs = {**(attrs or {}), "server_url": server_url}  # which server computed the states
     start = time.monotonic()
     with new_shard_writer(
         model_dir,
@@ -311,11 +321,10 @@ def extract_shard(
         encode_threads=encode_threads,
     ) as writer:
         if backend == "server":
-            if not server_url:
-                raise InputError("extract.server_url: required when extract.backend is 'server'")
-            seconds = extract_server(
-                server_url, model_dir, samples, writer, concurrency=server_concurrency
-            )
+            with failures_named(server_url, "extraction"):
+                seconds = extract_server(
+                    server_url, model_dir, samples, writer, concurrency=server_concurrency
+                )
         elif backend == "vllm":
             seconds = extract_vllm(
                 model_dir,

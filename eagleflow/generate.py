@@ -21,7 +21,13 @@ from eagleflow.files import read_jsonl, write_jsonl
 from eagleflow.hf_target import load_causal_lm
 from eagleflow.logs import InputError
 from eagleflow.progress import token_progress
-from eagleflow.server_client import ServerClient, server_model_name
+from eagleflow.server_client import (
+    ServerClient,
+    failures_named,
+    first_live_server,
+    server_model_name,
+    server_urls,
+)
 from eagleflow.target_config import target_tokenizer
 
 
@@ -221,7 +227,7 @@ def generate_completions(
     sampling: Sampling,
     *,
     max_model_len: int,
-    server_url: str | None = None,
+    server_url: str | Sequence[str] | None = None,
     server_concurrency: int = 8,
     engine_options: Mapping[str, Any] | None = None,
 ) -> list[Completion]:
@@ -234,11 +240,12 @@ def generate_completions(
         trust = bool((engine_options or {}).get("trust_remote_code"))
         return generate_hf(model_dir, prompt_ids, seeds, sampling, trust_remote_code=trust)
     if backend == "server":
-        if not server_url:
+        urls = server_urls(server_url)
+        if not urls:
             raise InputError("generation.server_url: required when generation.backend is 'server'")
-        return generate_server(
-            server_url, prompt_ids, seeds, sampling, concurrency=server_concurrency
-        )
+        url, _ = first_live_server(urls, "generation")
+        with failures_named(url, "generation"):
+            return generate_server(url, prompt_ids, seeds, sampling, concurrency=server_concurrency)
     raise InputError(f"generation.backend: unknown backend {backend!r} (vllm, server, hf)")
 
 
@@ -288,7 +295,7 @@ def generate_shard(
     sampling: Sampling,
     on_truncated: str,
     max_model_len: int,
-    server_url: str | None = None,
+    server_url: str | Sequence[str] | None = None,
     server_concurrency: int = 8,
     engine_options: Mapping[str, Any] | None = None,
 ) -> dict:

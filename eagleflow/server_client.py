@@ -11,6 +11,7 @@ to their callers (`eagleflow.generate.completion_payload`, the extract stage's p
 from __future__ import annotations
 
 import collections
+import contextlib
 import json
 import logging
 from collections.abc import Callable, Iterator, Sequence
@@ -122,6 +123,55 @@ def server_model_name(url: str, timeout: float = 10.0, purpose: str = "generatio
     except (requests.RequestException, KeyError, IndexError, ValueError) as err:
         raise InputError(
             f"{purpose} server {url} is unreachable or lists no model: {err}"
+        ) from None
+
+
+class ServerFailed(InputError):
+    """A server stopped answering in the middle of a job: one line naming it (nothing of the
+    job's output is kept; a rerun starts on the next server that answers)."""
+
+
+def server_urls(configured: str | Sequence[str] | None) -> list[str]:
+    """`server_url` as configured (one URL, or a list: one server per node) as a list."""
+    if configured is None:
+        return []
+    return [configured] if isinstance(configured, str) else list(configured)
+
+
+def servers_for_shard(urls: Sequence[str], shard: str) -> list[str]:
+    """The servers a shard job tries, in order: shard k starts on server k mod n (shard jobs
+    spread evenly and deterministically), then the others in turn."""
+    if not urls:
+        return []
+    start = int(shard) % len(urls)
+    return [*urls[start:], *urls[:start]]
+
+
+def first_live_server(urls: Sequence[str], purpose: str) -> tuple[str, str]:
+    """(url, model name) of the first server in `urls` that answers; the ones that do not are
+    logged. One InputError naming every server when none answers."""
+    failures = []
+    for url in urls:
+        try:
+            return url, server_model_name(url, purpose=purpose)
+        except InputError as err:
+            failures.append(str(err))
+            if len(urls) > 1:
+                log.warning("%s; trying the next server", err)
+    raise InputError("; ".join(failures) or f"no {purpose} server configured")
+
+
+@contextlib.contextmanager
+def failures_named(url: str, purpose: str) -> Iterator[None]:
+    """A request that still fails after its retries ends the job with one line naming the
+    server (the writers leave nothing partial behind)."""
+    try:
+        yield
+    except requests.RequestException as err:
+        reason = str(err).splitlines()[0] if str(err) else type(err).__name__
+        raise ServerFailed(
+            f"{purpose} server {url} failed during the job ({type(err).__name__}: {reason}); "
+            "nothing of this shard was kept; a rerun starts on the next server that answers"
         ) from None
 
 

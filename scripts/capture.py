@@ -5,6 +5,7 @@ from eagleflow.capture import ShardFormat, generate_and_capture_shard
 from eagleflow.engine import engine_options
 from eagleflow.generate import Sampling
 from eagleflow.logs import log_job_errors, setup_job_logging
+from eagleflow.server_client import server_urls, servers_for_shard
 from eagleflow.status import disk_preflight
 
 if __name__ == "__main__":  # vLLM spawns worker processes that re-import this module
@@ -29,7 +30,9 @@ if __name__ == "__main__":  # vLLM spawns worker processes that re-import this m
                 int(params.chunk_mib * 2**20),
                 params.max_len,
             ),
-            server_url=generation["server_url"],
+            server_url=servers_for_shard(
+                server_urls(generation["server_url"]), snakemake.wildcards.shard
+            ),
             server_concurrency=generation["server_concurrency"],
             engine_options=engine_options(snakemake.config, "generation"),
         )

@@ -3,6 +3,7 @@
 from eagleflow.engine import engine_options
 from eagleflow.extract import extract_shard
 from eagleflow.logs import log_job_errors, setup_job_logging
+from eagleflow.server_client import server_urls, servers_for_shard
 from eagleflow.status import disk_preflight
 
 if __name__ == "__main__":  # vLLM spawns worker processes that re-import this module
@@ -20,7 +21,7 @@ if __name__ == "__main__":  # vLLM spawns worker processes that re-import this m
             chunk_bytes=int(params.chunk_mib * 2**20),
             max_model_len=params.max_model_len,
             batch_tokens=extract["batch_tokens"],
-            server_url=params.server_url,
+            server_url=servers_for_shard(server_urls(params.server_url), snakemake.wildcards.shard),
             server_concurrency=extract["server_concurrency"],
             encode_threads=snakemake.threads,
             engine_options=engine_options(snakemake.config, "extract"),

@@ -209,3 +209,74 @@ def one_pass_through_the_server(url: str, demo_run: Path, tmp_path: Path) -> Non
     assert comparison.samples_compared == served.num_samples
     assert comparison.identical_ids >= comparison.samples_compared // 2
     assert not comparison.beyond_tolerance
+
+
+def _kill_server_on(port: int) -> None:
+    """SIGKILL the process group of whatever listens on `port` (a server dying on its node)."""
+    import os
+    import signal
+
+    import psutil
+
+    for connection in psutil.net_connections(kind="tcp"):
+        if connection.laddr and connection.laddr.port == port and connection.status == "LISTEN":
+            os.killpg(os.getpgid(connection.pid), signal.SIGKILL)
+            return
+    raise AssertionError(f"nothing listens on port {port}")
+
+
+def test_two_servers_spread_the_shards_and_one_dying_mid_shard_is_named(
+    demo_copy: Path, tmp_path: Path
+) -> None:
+    """`extract.server_url` as a list (one server per node): shard k goes to server k mod 2,
+    each server is checked before its states are used. When a server dies in the middle of a
+    shard, that job fails with one line naming it and keeps nothing; the rerun of the job starts
+    on the server that still answers and completes."""
+    import time
+
+    from faults import snakemake_command
+
+    stores = hidden_stores(demo_copy)
+    assert sorted(stores) == ["00000", "00001"]
+    target = demo_copy / "results/demo/target"
+    config = yaml.safe_load((demo_copy / "config.yaml").read_text())
+    ports = [free_port()]
+    while len(ports) < 2:
+        ports += [port for port in [free_port()] if port != ports[0]]
+    storage = [tmp_path / "states-a", tmp_path / "states-b"]
+    with (
+        running_server(target, port=ports[0], log_path=tmp_path / "a.log",
+                       extract_layer_ids=[2, 4, 5, 8], storage_dir=storage[0]) as url_a,
+        running_server(target, port=ports[1], log_path=tmp_path / "b.log",
+                       extract_layer_ids=[2, 4, 5, 8], storage_dir=storage[1]) as url_b,
+    ):  # fmt: skip
+        config["extract"] = {"backend": "server", "server_url": [url_a, url_b]}
+        (demo_copy / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
+        run_snakemake(demo_copy, "hidden")
+        assert open_shard(stores["00000"]).attrs["server_url"] == url_a
+        assert open_shard(stores["00001"]).attrs["server_url"] == url_b
+
+        # Server b dies while it prefills shard 00001 (its states appear in its storage).
+        before = set(storage[1].iterdir())
+        job = subprocess.Popen(
+            snakemake_command(demo_copy, "--forcerun", "extract", "--", str(stores["00001"])),
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        )  # fmt: skip
+        deadline = time.monotonic() + 300
+        while not set(storage[1].iterdir()) - before and time.monotonic() < deadline:
+            assert job.poll() is None, job.communicate()[0][-3000:]
+            time.sleep(0.02)
+        _kill_server_on(ports[1])
+        output = job.communicate(timeout=600)[0]
+        assert job.returncode != 0
+        log = (demo_copy / "results/logs/extract/shard-00001.log").read_text()
+        assert f"extraction server {url_b} failed during the job" in log, log[-2000:]
+        assert not stores["00001"].exists(), output[-2000:]
+        assert not [p for p in stores["00001"].parent.iterdir() if "tmp" in p.name]
+
+        # The rerun finds b gone (named in the job's log) and finishes the shard on a.
+        run_snakemake(demo_copy, "hidden")
+        assert open_shard(stores["00001"]).attrs["server_url"] == url_a
+        log = (demo_copy / "results/logs/extract/shard-00001.log").read_text()
+        assert f"extraction server {url_b} is unreachable" in log
+    assert verify(demo_copy).returncode == 0
