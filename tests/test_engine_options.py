@@ -38,8 +38,9 @@ def test_speed_options_rerun_nothing(demo_copy: Path) -> None:
 
 def test_state_options_rerun_their_stage_and_what_follows(demo_copy: Path) -> None:
     shards = len(planned_shards(demo_copy))
+    # The drafter and its evaluation follow the shards (the vocab follows the tokens only).
     downstream = {"train": 1, "evaluate_offline": 1, "evaluate_serving": 1, "report_plots": 1}
-    downstream |= {"all": 1, "vocab": 1}
+    downstream |= {"all": 1}
     write_config(demo_copy, {"extract": {"engine": {"kv_cache_dtype": "fp8"}}})
     assert scheduled_rules(demo_copy) == {"extract": shards, **downstream}
     write_config(demo_copy, {"evaluate": {"engine": {"extra": {"max_logprobs": 0}}}})
