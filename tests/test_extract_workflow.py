@@ -259,7 +259,9 @@ def test_two_servers_spread_the_shards_and_one_dying_mid_shard_is_named(
         # Server b dies while it prefills shard 00001 (its states appear in its storage).
         before = set(storage[1].iterdir())
         job = subprocess.Popen(
-            snakemake_command(demo_copy, "--forcerun", "extract", "--", str(stores["00001"])),
+            snakemake_command(
+                demo_copy, "--forcerun", "extract", "--", "results/hidden/shard-00001.zarr"
+            ),
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
         )  # fmt: skip
         deadline = time.monotonic() + 300
