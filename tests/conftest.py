@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -26,6 +27,30 @@ TRAINING_AND_DOWNSTREAM = [
     "results/report/acceptance.png", "results/report/shards.png",
     "results/report/training.png", "results/report/vocab.png",
 ]  # fmt: skip
+
+
+@pytest.fixture
+def gpu_machine(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A stand-in `nvidia-smi` on PATH: the workflow plans as on an NVIDIA machine (GPU
+    requests per job), though no GPU is here."""
+    stub = tmp_path / "gpu-machine" / "nvidia-smi"
+    stub.parent.mkdir()
+    stub.write_text("#!/bin/sh\necho 'a stand-in: no GPU here'\n")
+    stub.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{stub.parent}:{os.environ['PATH']}")
+
+
+def gpus_per_job(dry_run_stdout: str) -> dict[str, list[int]]:
+    """The GPUs each job of a `snakemake -n` listing requests, by rule ([] when none does)."""
+    gpus: dict[str, list[int]] = {}
+    rule = ""
+    for line in dry_run_stdout.splitlines():
+        if line.startswith(("rule ", "checkpoint ", "localrule ")):
+            rule = line.split()[1].rstrip(":")
+            gpus.setdefault(rule, [])
+        elif match := re.search(r"resources: .*\bgpu=(\d+)", line):
+            gpus[rule].append(int(match.group(1)))
+    return gpus
 
 
 def free_port() -> int:

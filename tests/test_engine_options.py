@@ -4,11 +4,10 @@ what follows, and engine jobs ask for tensor x pipeline x data parallel GPUs."""
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 
 import pytest
-from conftest import run_snakemake, write_config
+from conftest import gpus_per_job, run_snakemake, write_config
 from faults import planned_shards
 
 from eagleflow.repair import planned_jobs
@@ -51,17 +50,9 @@ def test_state_options_rerun_their_stage_and_what_follows(demo_copy: Path) -> No
     assert jobs["evaluate_serving"] == 1
 
 
-def test_engine_jobs_request_their_engines_gpus(
-    demo_copy: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """On an NVIDIA machine (a stand-in `nvidia-smi` here): TP x PP GPUs per engine job."""
-    stub = tmp_path / "bin" / "nvidia-smi"
-    stub.parent.mkdir()
-    stub.write_text("#!/bin/sh\necho 'no GPU: a stand-in for the GPU count test'\n")
-    stub.chmod(0o755)
-    monkeypatch.setenv(
-        "PATH", f"{stub.parent}:{Path('/usr/bin')}:{__import__('os').environ['PATH']}"
-    )
+@pytest.mark.usefixtures("gpu_machine")
+def test_engine_jobs_request_their_engines_gpus(demo_copy: Path) -> None:
+    """On an NVIDIA machine: tensor x pipeline parallel GPUs per engine job."""
     write_config(
         demo_copy,
         {
@@ -69,12 +60,11 @@ def test_engine_jobs_request_their_engines_gpus(
             "extract": {"engine": {"pipeline_parallel_size": 2}},
         },
     )
-    dry = run_snakemake(demo_copy, "-n", "--resources", "gpu=8").stdout
-    gpus: dict[str, set[int]] = {}
-    rule = ""
-    for line in dry.splitlines():
-        if line.startswith("rule "):
-            rule = line.split()[1].rstrip(":")
-        elif match := re.search(r"resources: .*\bgpu=(\d+)", line):
-            gpus.setdefault(rule, set()).add(int(match.group(1)))
-    assert gpus == {"generate": {2}, "extract": {4}, "train": {1}, "evaluate_serving": {2}}
+    gpus = gpus_per_job(run_snakemake(demo_copy, "-n", "--resources", "gpu=8").stdout)
+    shards = len(planned_shards(demo_copy))
+    assert {rule: jobs for rule, jobs in gpus.items() if jobs} == {
+        "generate": [2] * shards,
+        "extract": [4] * shards,
+        "train": [1],
+        "evaluate_serving": [2],
+    }

@@ -194,6 +194,22 @@ def layer_errors(shard_path: Path, reference: list, final_norm: torch.nn.Module)
     return errors
 
 
+def errors_between_shards(path: Path, reference_path: Path) -> dict[int, float]:
+    """By layer id: the relative error of one shard's states against another's (same samples,
+    same token ids, checked here)."""
+    shard, reference = open_shard(path), open_shard(reference_path)
+    pairs = list(zip(shard.iter_samples(), reference.iter_samples(), strict=True))
+    assert all(torch.equal(a["input_ids"], b["input_ids"]) for a, b in pairs)
+    errors = {
+        k: relative_error([(a["aux"][:, j], b["aux"][:, j]) for a, b in pairs])
+        for j, k in enumerate(shard.attrs["aux_layer_ids"])
+    }
+    errors[shard.attrs["last_layer_id"]] = relative_error(
+        [(a["last"], b["last"]) for a, b in pairs]
+    )
+    return errors
+
+
 def check_shard(path: Path, samples: list[dict], target: Path, backend: str) -> None:
     assert verify_shard(path) == []
     shard = open_shard(path)
@@ -303,13 +319,7 @@ def test_vllm_and_hf_backends_agree(
 ) -> None:
     """Per layer, the backends differ by no more than twice the bf16 error of one of them
     (independent errors of equal size would give sqrt(2)), and by under TOL_BACKENDS."""
-    v, h = open_shard(vllm_shard), open_shard(hf_shard)
-    pairs = list(zip(v.iter_samples(), h.iter_samples(), strict=True))
-    errors = {
-        k: relative_error([(a["aux"][:, j], b["aux"][:, j]) for a, b in pairs])
-        for j, k in enumerate(AUX_IDS)
-    }
-    errors[8] = relative_error([(a["last"], b["last"]) for a, b in pairs])
+    errors = errors_between_shards(vllm_shard, hf_shard)
     print(f"vllm vs hf backend: {errors}; HF bf16 vs float32: {bf16_noise}")
     for k, error in errors.items():
         assert error < min(2 * bf16_noise[k], TOL_BACKENDS), (k, errors, bf16_noise)
@@ -352,14 +362,7 @@ def test_tensor_parallel_2_extracts_what_tp_1_does(
     )
     subprocess.run([sys.executable, "-c", script], check=True, timeout=900)
     assert verify_shard(out) == []
-    tp1, tp2 = open_shard(vllm_shard), open_shard(out)
-    pairs = list(zip(tp1.iter_samples(), tp2.iter_samples(), strict=True))
-    assert all(torch.equal(a["input_ids"], b["input_ids"]) for a, b in pairs)
-    errors = {
-        k: relative_error([(b["aux"][:, j], a["aux"][:, j]) for a, b in pairs])
-        for j, k in enumerate(AUX_IDS)
-    }
-    errors[8] = relative_error([(b["last"], a["last"]) for a, b in pairs])
+    errors = errors_between_shards(out, vllm_shard)
     print(f"TP=2 vs TP=1: {errors}; HF bf16 vs float32: {bf16_noise}")
     for k, error in errors.items():
         assert error < min(2 * bf16_noise[k], TOL_BACKENDS), (k, errors, bf16_noise)

@@ -6,15 +6,13 @@ transformers' own Kimi-K2.5 class in the released checkpoint's layout."""
 from __future__ import annotations
 
 import json
-import os
-import re
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 import yaml
-from conftest import REPO, run_snakemake, write_config
+from conftest import REPO, gpus_per_job, run_snakemake, write_config
 from replicas import kimi_vocab_size, write_kimi_k25_weights, write_kimi_target
 from safetensors import safe_open
 
@@ -95,9 +93,8 @@ def readme_reference_config() -> dict:
 
 
 @pytest.mark.slow
-def test_readme_reference_config_plans_on_the_kimi_replica(
-    kimi_k25: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+@pytest.mark.usefixtures("gpu_machine")
+def test_readme_reference_config_plans_on_the_kimi_replica(kimi_k25: Path, tmp_path: Path) -> None:
     """The README's Kimi-K2.5 config, pointed at the replica: the plan job renders the prompts
     with the shipped tokenizer class and thinking on; the dry run then lists one capture job per
     shard, each (like the serving check) requesting TP = 8 GPUs on an NVIDIA machine (a stand-in
@@ -115,25 +112,12 @@ def test_readme_reference_config_plans_on_the_kimi_replica(
     work = tmp_path / "run"
     work.mkdir()
     write_config(work, config)
-    stub = tmp_path / "bin" / "nvidia-smi"
-    stub.parent.mkdir()
-    stub.write_text("#!/bin/sh\necho 'a stand-in: no GPU here'\n")
-    stub.chmod(0o755)
-    monkeypatch.setenv("PATH", f"{stub.parent}:{os.environ['PATH']}")
     run_snakemake(work, "--cores", "1", "results/plan")
     plan = json.loads((work / "results/plan/plan.json").read_text())
     [first] = read_jsonl(work / "results/plan/shard-00000.jsonl")[:1]
     tokenizer = target_tokenizer(kimi_k25, trust_remote_code=True)
     assert tokenizer.decode(first["prompt_token_ids"]).endswith("<|im_middle|><think>")
-    dry = run_snakemake(work, "-n", "--resources", "gpu=8").stdout
-    gpus: dict[str, list[int]] = {}
-    rule = ""
-    for line in dry.splitlines():
-        if line.startswith("rule "):
-            rule = line.split()[1].rstrip(":")
-            gpus.setdefault(rule, [])
-        elif match := re.search(r"resources: .*\bgpu=(\d+)", line):
-            gpus[rule].append(int(match.group(1)))
+    gpus = gpus_per_job(run_snakemake(work, "-n", "--resources", "gpu=8").stdout)
     assert gpus["capture"] == [8] * len(plan["shards"]) and len(plan["shards"]) >= 2
     assert gpus["evaluate_serving"] == [8]
     assert not {"demo_target", "generate", "extract"} & gpus.keys()
