@@ -131,32 +131,76 @@ def test_changed_generation_key_reschedules_extraction_downstream(demo_run: Path
     assert len(scheduled_outputs(dry, "results/hidden/")) == 2 * len(hidden_stores(demo_run))
 
 
-def test_server_mode_extracts_every_shard_with_one_model_load(
+def test_servers_extract_every_shard_and_one_dying_mid_shard_is_named(
     demo_run: Path, demo_copy: Path, tmp_path: Path
 ) -> None:
-    """Shard jobs send their prefills to one extraction server: the target is loaded once for
-    all of them, and the shards hold the same states as the in-process engine's. The same server
-    also serves one-pass generation."""
+    """Shard jobs send their prefills to extraction servers (`extract.server_url`: a list, one
+    per node): shard k goes to server k mod 2, each server is checked before its states are used,
+    and the states equal the in-process engine's within bf16 rounding. When a server dies in the
+    middle of a shard, that job fails with one line naming it and keeps nothing; its rerun starts
+    on the server that still answers, which has then served every shard job with one model
+    load. The same server also serves one-pass generation."""
+    import time
+
+    from faults import snakemake_command
+
     stores = hidden_stores(demo_copy)
+    assert sorted(stores) == ["00000", "00001"]
     target = demo_copy / "results/demo/target"
-    server_log = tmp_path / "server.log"
     config = yaml.safe_load((demo_copy / "config.yaml").read_text())
-    with running_server(
-        target,
-        port=free_port(),
-        log_path=server_log,
-        extract_layer_ids=[2, 4, 5, 8],
-        storage_dir=tmp_path / "server-states",
-    ) as url:
-        config["extract"] = {"backend": "server", "server_url": url}
+    ports = [free_port()]
+    while len(ports) < 2:
+        ports += [port for port in [free_port()] if port != ports[0]]
+    storage = [tmp_path / "states-a", tmp_path / "states-b"]
+    with (
+        running_server(target, port=ports[0], log_path=tmp_path / "a.log",
+                       extract_layer_ids=[2, 4, 5, 8], storage_dir=storage[0]) as url_a,
+        running_server(target, port=ports[1], log_path=tmp_path / "b.log",
+                       extract_layer_ids=[2, 4, 5, 8], storage_dir=storage[1]) as url_b,
+    ):  # fmt: skip
+        config["extract"] = {"backend": "server", "server_url": [url_a, url_b]}
         (demo_copy / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
         run_snakemake(demo_copy, "hidden")  # the changed backend reruns every extract job
-        one_pass_through_the_server(url, demo_run, tmp_path)
-    loads = server_log.read_text().count("Starting to load model")
-    jobs = len(list((demo_copy / "results/logs/extract").glob("*.log")))
-    print(f"server mode: {loads} model load for {len(stores)} shard jobs")
-    assert loads == 1 and jobs == len(stores) >= 2
+        assert open_shard(stores["00000"]).attrs["server_url"] == url_a
+        assert open_shard(stores["00001"]).attrs["server_url"] == url_b
+        compare_with_in_process(stores, demo_run, demo_copy)
+
+        # Server b dies while it prefills shard 00001 (its states appear in its storage).
+        before = set(storage[1].iterdir())
+        job = subprocess.Popen(
+            snakemake_command(
+                demo_copy, "--forcerun", "extract", "--", "results/hidden/shard-00001.zarr"
+            ),
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        )  # fmt: skip
+        deadline = time.monotonic() + 300
+        while not set(storage[1].iterdir()) - before and time.monotonic() < deadline:
+            assert job.poll() is None, job.communicate()[0][-3000:]
+            time.sleep(0.02)
+        _kill_server_on(ports[1])
+        output = job.communicate(timeout=600)[0]
+        assert job.returncode != 0
+        log = (demo_copy / "results/logs/extract/shard-00001.log").read_text()
+        assert f"extraction server {url_b} failed during the job" in log, log[-2000:]
+        assert not stores["00001"].exists(), output[-2000:]
+        assert not [p for p in stores["00001"].parent.iterdir() if "tmp" in p.name]
+
+        # The rerun finds b gone (named in the job's log) and finishes the shard on a.
+        run_snakemake(demo_copy, "hidden")
+        assert open_shard(stores["00001"]).attrs["server_url"] == url_a
+        log = (demo_copy / "results/logs/extract/shard-00001.log").read_text()
+        assert f"extraction server {url_b} is unreachable" in log
+        one_pass_through_the_server(url_a, demo_run, tmp_path)
+    loads = (tmp_path / "a.log").read_text().count("Starting to load model")
+    print(f"server a: {loads} model load for 2 shard jobs, a rerun and one-pass generation")
+    assert loads == 1
     assert verify(demo_copy).returncode == 0
+    compare_with_in_process(stores, demo_run, demo_copy)
+
+
+def compare_with_in_process(stores: dict[str, Path], demo_run: Path, demo_copy: Path) -> None:
+    """Served shards hold the in-process run's samples and token ids, and states within bf16
+    rounding of its states (other batch shapes may round a bf16 result differently)."""
     identical = compared = 0
     for shard, path in stores.items():
         served = open_shard(path)
@@ -167,7 +211,6 @@ def test_server_mode_extracts_every_shard_with_one_model_load(
             assert torch.equal(ours["input_ids"], theirs["input_ids"])
             for name in ("aux", "last"):
                 a, b = ours[name].float(), theirs[name].float()
-                # Other batch shapes than in-process may round a bf16 result differently.
                 assert (a - b).norm() <= 0.02 * b.norm(), (shard, ours["sample_id"], name)
                 identical += int(torch.equal(a, b))
                 compared += 1
@@ -223,62 +266,3 @@ def _kill_server_on(port: int) -> None:
             os.killpg(os.getpgid(connection.pid), signal.SIGKILL)
             return
     raise AssertionError(f"nothing listens on port {port}")
-
-
-def test_two_servers_spread_the_shards_and_one_dying_mid_shard_is_named(
-    demo_copy: Path, tmp_path: Path
-) -> None:
-    """`extract.server_url` as a list (one server per node): shard k goes to server k mod 2,
-    each server is checked before its states are used. When a server dies in the middle of a
-    shard, that job fails with one line naming it and keeps nothing; the rerun of the job starts
-    on the server that still answers and completes."""
-    import time
-
-    from faults import snakemake_command
-
-    stores = hidden_stores(demo_copy)
-    assert sorted(stores) == ["00000", "00001"]
-    target = demo_copy / "results/demo/target"
-    config = yaml.safe_load((demo_copy / "config.yaml").read_text())
-    ports = [free_port()]
-    while len(ports) < 2:
-        ports += [port for port in [free_port()] if port != ports[0]]
-    storage = [tmp_path / "states-a", tmp_path / "states-b"]
-    with (
-        running_server(target, port=ports[0], log_path=tmp_path / "a.log",
-                       extract_layer_ids=[2, 4, 5, 8], storage_dir=storage[0]) as url_a,
-        running_server(target, port=ports[1], log_path=tmp_path / "b.log",
-                       extract_layer_ids=[2, 4, 5, 8], storage_dir=storage[1]) as url_b,
-    ):  # fmt: skip
-        config["extract"] = {"backend": "server", "server_url": [url_a, url_b]}
-        (demo_copy / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
-        run_snakemake(demo_copy, "hidden")
-        assert open_shard(stores["00000"]).attrs["server_url"] == url_a
-        assert open_shard(stores["00001"]).attrs["server_url"] == url_b
-
-        # Server b dies while it prefills shard 00001 (its states appear in its storage).
-        before = set(storage[1].iterdir())
-        job = subprocess.Popen(
-            snakemake_command(
-                demo_copy, "--forcerun", "extract", "--", "results/hidden/shard-00001.zarr"
-            ),
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-        )  # fmt: skip
-        deadline = time.monotonic() + 300
-        while not set(storage[1].iterdir()) - before and time.monotonic() < deadline:
-            assert job.poll() is None, job.communicate()[0][-3000:]
-            time.sleep(0.02)
-        _kill_server_on(ports[1])
-        output = job.communicate(timeout=600)[0]
-        assert job.returncode != 0
-        log = (demo_copy / "results/logs/extract/shard-00001.log").read_text()
-        assert f"extraction server {url_b} failed during the job" in log, log[-2000:]
-        assert not stores["00001"].exists(), output[-2000:]
-        assert not [p for p in stores["00001"].parent.iterdir() if "tmp" in p.name]
-
-        # The rerun finds b gone (named in the job's log) and finishes the shard on a.
-        run_snakemake(demo_copy, "hidden")
-        assert open_shard(stores["00001"]).attrs["server_url"] == url_a
-        log = (demo_copy / "results/logs/extract/shard-00001.log").read_text()
-        assert f"extraction server {url_b} is unreachable" in log
-    assert verify(demo_copy).returncode == 0
