@@ -53,7 +53,6 @@ LAYOUT_OPTIONS = (
     "max_num_seqs",
     "max_num_batched_tokens",
 )
-STAGES = ("generation", "extract", "evaluate")  # config sections with an `engine:` override
 # Set from `target:` for every engine; it decides whether a target loads, not what it computes.
 LOAD_OPTIONS = ("trust_remote_code",)
 
