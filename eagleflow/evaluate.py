@@ -203,6 +203,11 @@ def serving_check(
         raise InputError(
             f"evaluate.serving_k: {k} is not among the offline ks {list(offline['by_k'])}"
         )
+    from eagleflow.spec_decode import cpu_serving_blocked
+
+    blocked = cpu_serving_blocked(target)
+    if blocked:
+        raise InputError(f"serving check: {blocked}")
     problems = diagnose_export(export_dir, shard_paths, target)
     try:
         served = serving_acceptance(

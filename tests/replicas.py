@@ -43,6 +43,10 @@ SPECIAL_TOKEN_OFFSETS = {
     "[EOT]": 9,
     "<|im_system|>": 10,
     "<|im_middle|>": 17,
+    "<|media_begin|>": 18,
+    "<|media_content|>": 19,
+    "<|media_end|>": 20,
+    "<|media_pad|>": 21,
     "<think>": 22,
     "</think>": 23,
     "[UNK]": 254,
@@ -60,6 +64,10 @@ ADDITIONAL_SPECIAL_TOKENS = [
     "[EOT]",
     "<|im_system|>",
     "<|im_middle|>",
+    "<|media_begin|>",
+    "<|media_content|>",
+    "<|media_end|>",
+    "<|media_pad|>",
 ]
 DEFAULT_SYSTEM_PROMPT = "You are Kimi, an AI assistant created by Moonshot AI."
 
@@ -423,37 +431,23 @@ class DeepseekV3Config(_DeepseekV3Config):
 
 
 def tiny_deepseek_v3(path: str | Path, *, extra_rows: int = 64) -> dict:
-    """A tiny DeepSeek-V3 decoder config (Kimi-K2's architecture) as a dict, its vocabulary
-    `extra_rows` larger than the replica tokenizer in `path` (Kimi pads its embedding too)."""
-    from transformers import DeepseekV3Config
-
+    """The tiny DeepSeek-V3 decoder config (Kimi-K2's architecture) of `family_config` as a
+    dict, its vocabulary `extra_rows` larger than the replica tokenizer in `path` (Kimi pads
+    its embedding too)."""
     special = kimi_special_token_ids(path)
-    config = DeepseekV3Config(
-        vocab_size=kimi_vocab_size(path) + extra_rows,
-        hidden_size=64,
-        intermediate_size=128,
-        moe_intermediate_size=32,
-        num_hidden_layers=8,  # the default aux ids (2, N//2, N-3) need N >= 8
-        num_attention_heads=4,
-        num_key_value_heads=4,
-        n_shared_experts=1,
-        n_routed_experts=4,
-        num_experts_per_tok=2,
-        n_group=1,
-        topk_group=1,
-        first_k_dense_replace=1,
-        kv_lora_rank=16,
-        q_lora_rank=32,
-        qk_rope_head_dim=8,
-        qk_nope_head_dim=8,
-        v_head_dim=16,
-        max_position_embeddings=4096,
-        bos_token_id=special["[BOS]"],
-        eos_token_id=special["<|im_end|>"],
-        pad_token_id=special["[PAD]"],
-    )
-    config.architectures = ["DeepseekV3ForCausalLM"]
-    return config.to_dict()
+    tokens = {"bos_token_id": special["[BOS]"], "eos_token_id": special["<|im_end|>"],
+              "pad_token_id": special["[PAD]"]}  # fmt: skip
+    return family_config("deepseek_v3", kimi_vocab_size(path) + extra_rows, tokens).to_dict()
+
+
+# Kimi-K2.5's released image preprocessing settings (its `preprocessor_config.json`).
+KIMI_K25_PREPROCESSOR = {"media_proc_cfg": {
+    "in_patch_limit": 16384, "patch_size": 14, "image_mean": [0.5, 0.5, 0.5],
+    "image_std": [0.5, 0.5, 0.5], "merge_kernel_size": 2, "fixed_output_tokens": None,
+    "patch_limit_on_one_side": 512, "in_patch_limit_each_frame": 4096,
+    "in_patch_limit_video": None, "sample_fps": 2.0, "max_num_frames_each_video": None,
+    "temporal_merge_kernel_size": 4, "timestamp_mode": "hh:mm:ss.fff", "config_type": "image",
+}}  # fmt: skip
 
 
 def write_kimi_config(path: str | Path, *, layout: str = "k2", extra_rows: int = 64) -> Path:
@@ -464,8 +458,10 @@ def write_kimi_config(path: str | Path, *, layout: str = "k2", extra_rows: int =
       `auto_map` with the `configuration_deepseek.py` written beside it, so that, like the
       tokenizer, it loads only with `trust_remote_code=True`;
     - `k25`: Kimi-K2.5's multimodal wrapper, `model_type: kimi_k25` with the decoder under
-      `text_config` (its `model_type: kimi_k2`). transformers 5 knows this type natively (the
-      real checkpoint's `auto_map` to its own config code is left out).
+      `text_config` (its `model_type: kimi_k2`), `image_token_id` the tokenizer's
+      `<|media_pad|>`, and the checkpoint's `preprocessor_config.json` (vLLM builds the image
+      processor from it even for text). transformers 5 knows this type natively (the real
+      checkpoint's `auto_map` to its own config and processor code is left out).
     """
     path = Path(path)
     decoder = tiny_deepseek_v3(path, extra_rows=extra_rows)
@@ -483,8 +479,11 @@ def write_kimi_config(path: str | Path, *, layout: str = "k2", extra_rows: int =
             "text_config": {**decoder, "model_type": "kimi_k2"},
             "vision_config": {"hidden_size": 32, "num_hidden_layers": 1,
                               "num_attention_heads": 2, "intermediate_size": 64},
+            "projection_hidden_size": 32,  # = the vision width, as in the release (1152 both)
             "tie_word_embeddings": False,
+            "image_token_id": kimi_special_token_ids(path)["<|media_pad|>"],
         }  # fmt: skip
+        (path / "preprocessor_config.json").write_text(json.dumps(KIMI_K25_PREPROCESSOR) + "\n")
     else:
         raise ValueError(f"layout must be 'k2' or 'k25', not {layout!r}")
     (path / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
@@ -497,15 +496,26 @@ def write_kimi_target(path: str | Path, *, layout: str = "k2") -> Path:
     return write_kimi_config(write_kimi_tokenizer(path), layout=layout)
 
 
+# transformers 5.19 saves Kimi-K2.5 under names of its own in three places (its save-time
+# renaming also hits the decoder's layers); the released checkpoint, which transformers and
+# vLLM both load, names them like this.
+RELEASED_KIMI_K25_NAMES = (
+    (re.compile(r"^language_model\.model\.blocks\."), "language_model.model.layers."),
+    (re.compile(r"^vision_tower\.encoder\.patch_embed\."), "vision_tower.patch_embed."),
+    (re.compile(r"^model\.mm_projector\."), "mm_projector."),
+)
+
+
 def write_kimi_k25_weights(path: str | Path, *, seed: int = 0) -> Path:
-    """Random bf16 weights for the `k25` replica in `path`, saved by transformers' own
-    Kimi-K2.5 class in the released checkpoint's layout: the DeepSeek-V3 decoder under
-    `language_model.model.*`, its lm_head under `language_model.lm_head.*`, next to the vision
-    tower and projector (`vision_tower.*`, `mm_projector.*`) that the text stages leave alone."""
-    import shutil
+    """Random bf16 weights for the `k25` replica in `path`, made by transformers' own
+    Kimi-K2.5 class and stored in the released checkpoint's layout: the DeepSeek-V3 decoder
+    under `language_model.model.layers.*`, its lm_head under `language_model.lm_head.*`, next
+    to the vision tower and projector (`vision_tower.*`, `mm_projector.*`) that the text stages
+    leave alone."""
     import tempfile
 
     import torch
+    from safetensors.torch import load_file, save_file
     from transformers import AutoConfig, AutoModelForImageTextToText
 
     path = Path(path)
@@ -514,5 +524,85 @@ def write_kimi_k25_weights(path: str | Path, *, seed: int = 0) -> Path:
     model = AutoModelForImageTextToText.from_config(config).to(torch.bfloat16)
     with tempfile.TemporaryDirectory() as tmp:
         model.save_pretrained(tmp)
-        shutil.copy(Path(tmp) / "model.safetensors", path / "model.safetensors")
+        saved = load_file(Path(tmp) / "model.safetensors")
+    released = {}
+    for name, tensor in saved.items():
+        for pattern, replacement in RELEASED_KIMI_K25_NAMES:
+            name = pattern.sub(replacement, name)
+        released[name] = tensor
+    save_file(released, path / "model.safetensors", metadata={"format": "pt"})
+    return path
+
+
+# --- Decoder families: tiny random-weight targets from transformers' own config classes -------
+
+# 8 layers: the default aux ids (2, N//2, N-3) need N >= 8. Head size 32: the smallest vLLM's
+# CPU attention supports.
+FAMILY_DECODER = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 8,
+                  "num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": 32,
+                  "max_position_embeddings": 2048}  # fmt: skip
+FAMILIES = ("llama3", "qwen3", "qwen3_moe", "deepseek_v3")
+
+
+def family_config(family: str, vocab_size: int, special: dict[str, int]):
+    """A tiny config of `family` built by transformers' own class, with the shape features that
+    matter to the workflow: Llama-3's llama3 rope scaling and GQA; Qwen3's tied embeddings and
+    q/k norms; Qwen3-MoE's routed experts; DeepSeek-V3's MLA, noaux_tc routing with a first
+    dense layer (Kimi-K2's decoder)."""
+    from transformers import DeepseekV3Config, LlamaConfig, Qwen3Config, Qwen3MoeConfig
+
+    tokens = {"vocab_size": vocab_size, **special}
+    if family == "llama3":
+        rope = {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0,
+                "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                "original_max_position_embeddings": 1024}  # fmt: skip
+        config = LlamaConfig(**FAMILY_DECODER, **tokens, rope_parameters=rope)
+        config.architectures = ["LlamaForCausalLM"]
+    elif family == "qwen3":
+        config = Qwen3Config(**FAMILY_DECODER, **tokens, tie_word_embeddings=True)
+        config.architectures = ["Qwen3ForCausalLM"]
+    elif family == "qwen3_moe":
+        config = Qwen3MoeConfig(**FAMILY_DECODER, **tokens, num_experts=4, num_experts_per_tok=2,
+                                moe_intermediate_size=32, decoder_sparse_step=1)  # fmt: skip
+        config.architectures = ["Qwen3MoeForCausalLM"]
+    elif family == "deepseek_v3":
+        decoder = {k: v for k, v in FAMILY_DECODER.items() if k not in ("head_dim",)}
+        # The latent width is DeepSeek-V3's own (512 + 64 rope): vLLM's CPU MLA kernel knows
+        # no other.
+        config = DeepseekV3Config(
+            **{**decoder, "num_key_value_heads": 2}, **tokens, moe_intermediate_size=32,
+            n_shared_experts=1, n_routed_experts=4, num_experts_per_tok=2, n_group=1,
+            topk_group=1, first_k_dense_replace=1, kv_lora_rank=512, q_lora_rank=32,
+            qk_rope_head_dim=64, qk_nope_head_dim=32, v_head_dim=32,
+        )  # fmt: skip
+        # Released DeepSeek-V3 / Kimi-K2 configs name their routing; vLLM reads these keys
+        # (transformers' class implies them), without them it expects no correction bias.
+        config.topk_method, config.scoring_func = "noaux_tc", "sigmoid"
+        config.architectures = ["DeepseekV3ForCausalLM"]
+    else:
+        raise ValueError(f"family must be one of {FAMILIES}, not {family!r}")
+    return config
+
+
+def write_family_target(path: str | Path, family: str, *, seed: int = 0) -> Path:
+    """A tiny random-weight `family` target in `path`: the demo's byte-level BPE tokenizer and
+    chat template (trained on a few demo conversations, deterministic) and bf16 weights, its
+    embedding padded to a multiple of 64 rows beyond the tokenizer's entries, as real
+    checkpoints pad theirs."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from eagleflow.demo.corpus import training_conversations
+    from eagleflow.demo.target import train_tokenizer
+
+    path = Path(path)
+    tokenizer = train_tokenizer(training_conversations(seed, 400), vocab_size=600)
+    special = {"bos_token_id": tokenizer.bos_token_id, "eos_token_id": tokenizer.eos_token_id,
+               "pad_token_id": tokenizer.pad_token_id}  # fmt: skip
+    rows = (len(tokenizer) // 64 + 1) * 64
+    config = family_config(family, rows, special)
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
+    model.save_pretrained(path)
+    tokenizer.save_pretrained(path)
     return path

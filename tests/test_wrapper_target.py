@@ -6,13 +6,18 @@ transformers' own Kimi-K2.5 class in the released checkpoint's layout."""
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 import yaml
-from conftest import REPO, gpus_per_job, run_snakemake, write_config
+from conftest import REPO, free_port, gpus_per_job, run_snakemake, write_config
 from replicas import kimi_vocab_size, write_kimi_k25_weights, write_kimi_target
 from safetensors import safe_open
 
@@ -76,7 +81,7 @@ def test_hf_extraction_stores_the_text_decoders_hidden_states(
         pairs = [(stored["aux"][:, j], ref.hidden_states[k][0]) for j, k in enumerate([2, 4, 5])]
         for got, want in [*pairs, (normed, ref.hidden_states[-1][0])]:
             error = (got.float() - want).norm() / want.norm()
-            assert error < 0.02, (sample["id"], float(error))
+            assert error < 0.03, (sample["id"], float(error))  # bf16 compute vs fp32
 
 
 def test_hf_generation_runs_the_wrapped_decoder(kimi_k25: Path) -> None:
@@ -121,3 +126,63 @@ def test_readme_reference_config_plans_on_the_kimi_replica(kimi_k25: Path, tmp_p
     assert gpus["capture"] == [8] * len(plan["shards"]) and len(plan["shards"]) >= 2
     assert gpus["evaluate_serving"] == [8]
     assert not {"demo_target", "generate", "extract"} & gpus.keys()
+
+    # The SLURM variant: the servers.yaml that scripts/slurm/extraction_servers.sbatch writes,
+    # merged over the config. The capture jobs then hold no GPU (the servers do).
+    urls = "[http://node1:8001, http://node2:8001]"
+    (work / "servers.yaml").write_text(
+        f"generation: {{backend: server, server_url: {urls}}}\n"
+        f"extract: {{backend: server, server_url: {urls}}}\n"
+    )
+    merged = run_snakemake(
+        work, "-n", "--resources", "gpu=8", "--configfile", "config.yaml", "servers.yaml"
+    )
+    gpus = gpus_per_job(merged.stdout)
+    assert len(gpus["capture"]) == len(plan["shards"]) and not any(gpus["capture"])
+    assert gpus["evaluate_serving"] == [8]
+
+
+def test_extraction_servers_script_writes_servers_yaml_once_they_answer(tmp_path: Path) -> None:
+    """scripts/slurm/extraction_servers.sbatch outside SLURM: stand-ins for `scontrol` (the node
+    list) and `srun` (which records the server command, then serves `/v1/models` a moment
+    later, like a server loading its target). The script waits for the answer, then writes the
+    servers.yaml the README merges over the config."""
+    port = free_port()
+    site = tmp_path / "site"
+    (site / "v1").mkdir(parents=True)
+    (site / "v1" / "models").write_text("{}")
+    stand_ins = tmp_path / "bin"
+    stand_ins.mkdir()
+    (stand_ins / "scontrol").write_text("#!/bin/sh\necho 127.0.0.1\n")
+    (stand_ins / "srun").write_text(
+        f'#!/bin/sh\necho "$@" > {tmp_path}/srun.args\nsleep 1\n'
+        f"exec {sys.executable} -m http.server {port} --bind 127.0.0.1 --directory {site}\n"
+    )
+    for stand_in in stand_ins.iterdir():
+        stand_in.chmod(0o755)
+    work = tmp_path / "work"
+    work.mkdir()
+    write_config(work, {"target": {"max_model_len": 2048}})
+    env = {**os.environ, "PATH": f"{stand_ins}:{os.environ['PATH']}",
+           "SLURM_JOB_NODELIST": "node1", "EAGLEFLOW_PYTHON": sys.executable}  # fmt: skip
+    script = REPO / "scripts/slurm/extraction_servers.sbatch"
+    states = tmp_path / "states"
+    job = subprocess.Popen(["bash", str(script), "/models/Kimi-K2.5", str(states), str(port)],
+                           cwd=work, env=env, start_new_session=True)  # fmt: skip
+    try:
+        deadline = time.monotonic() + 60
+        while not (work / "servers.yaml").exists() and job.poll() is None:
+            assert time.monotonic() < deadline, "no servers.yaml after 60 s"
+            time.sleep(0.5)
+        servers = yaml.safe_load((work / "servers.yaml").read_text())
+    finally:
+        os.killpg(job.pid, signal.SIGTERM)
+        job.wait()
+    urls = [f"http://127.0.0.1:{port}"]
+    assert servers == {"generation": {"backend": "server", "server_url": urls},
+                       "extract": {"backend": "server", "server_url": urls}}  # fmt: skip
+    command = (tmp_path / "srun.args").read_text().split()
+    assert command[command.index("-m") + 1 :][:2] == ["eagleflow.extraction_server",
+                                                      "/models/Kimi-K2.5"]  # fmt: skip
+    assert " --config config.yaml --storage " in " ".join(command)
+    assert command[command.index("--max-model-len") + 1] == "2048" and states.is_dir()
