@@ -126,10 +126,17 @@ def serving_acceptance(
     max_prompts: int | None = None,
     compare_plain: bool = True,
     engine_options: Mapping[str, Any] | None = None,
+    server_url: str | None = None,
 ) -> dict:
     """Greedy generation of the held-out prompts in vLLM with (and, for the speed-up and the
-    output comparison, without) the drafter; `engine_options`: the user's, for both engines."""
-    from eagleflow.spec_decode import generate_plain, generate_with_drafter
+    output comparison, without) the drafter; `engine_options`: the user's, for both engines.
+    With `server_url` (a vLLM server serving the target with the drafter) no engine is built
+    here: the prompts go to the server, which is not compared without the drafter."""
+    from eagleflow.spec_decode import (
+        generate_plain,
+        generate_with_drafter,
+        generate_with_drafter_server,
+    )
 
     refs = list_samples(shard_paths, heldout_fraction, "heldout")[:max_prompts]
     prompts = []
@@ -137,11 +144,18 @@ def serving_acceptance(
         sample = open_shard(shard_paths[ref.shard]).sample(ref.index)
         prompts.append(sample["input_ids"][: response_start(sample["loss_mask"])].tolist())
     start = time.perf_counter()
-    spec_outputs, acceptance, spec_seconds = generate_with_drafter(
-        target, export_dir, prompts, num_speculative_tokens=k, max_tokens=max_tokens,
-        max_model_len=max_model_len, options=engine_options,
-    )  # fmt: skip
+    if server_url:
+        spec_outputs, acceptance, spec_seconds = generate_with_drafter_server(
+            server_url, prompts, num_speculative_tokens=k, max_tokens=max_tokens
+        )
+        compare_plain = False
+    else:
+        spec_outputs, acceptance, spec_seconds = generate_with_drafter(
+            target, export_dir, prompts, num_speculative_tokens=k, max_tokens=max_tokens,
+            max_model_len=max_model_len, options=engine_options,
+        )  # fmt: skip
     report = {
+        "served_by": server_url or "in-process vLLM engine",
         "prompts": len(prompts),
         "k": k,
         "drafts": acceptance.drafts,
@@ -190,8 +204,10 @@ def serving_check(
     max_model_len: int,
     compare_plain: bool = True,
     engine_options: Mapping[str, Any] | None = None,
+    server_url: str | None = None,
 ) -> dict:
-    """Measure served acceptance; write the report only when the drafter passes.
+    """Measure served acceptance (in vLLM engines built here, or on the vLLM server at
+    `server_url`); write the report only when the drafter passes.
 
     It fails when served mean acceptance length is below the offline (answer-only) estimate by
     more than `tolerance` (relative), or when a diagnostic finds a known fault in the export; the
@@ -205,7 +221,7 @@ def serving_check(
         )
     from eagleflow.spec_decode import cpu_serving_blocked
 
-    blocked = cpu_serving_blocked(target)
+    blocked = None if server_url else cpu_serving_blocked(target)
     if blocked:
         raise InputError(f"serving check: {blocked}")
     problems = diagnose_export(export_dir, shard_paths, target)
@@ -213,8 +229,10 @@ def serving_check(
         served = serving_acceptance(
             export_dir, shard_paths, target, heldout_fraction=heldout_fraction, k=k,
             max_tokens=max_tokens, max_model_len=max_model_len, max_prompts=max_prompts,
-            compare_plain=compare_plain, engine_options=engine_options,
+            compare_plain=compare_plain, engine_options=engine_options, server_url=server_url,
         )  # fmt: skip
+    except InputError:  # the server serves no drafter, or another K: the user's to fix
+        raise
     except Exception as err:  # a broken export can crash the engine: still name the cause
         served = {"error": f"{type(err).__name__}: {err}", "mean_acceptance_length": 0.0}
     estimate = offline["by_k"][str(k)]

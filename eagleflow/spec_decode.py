@@ -6,11 +6,14 @@ after the end-of-turn token too (they are counted before the output is truncated
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from eagleflow.logs import InputError
 
 
 def cpu_serving_blocked(target: str | Path) -> str | None:
@@ -143,3 +146,69 @@ def generate_with_drafter(
         },
     )
     return outputs, spec_decode_counters(metrics), seconds
+
+
+# A Prometheus counter line of vLLM's speculative decoding, e.g.
+# vllm:spec_decode_num_accepted_tokens_per_pos_total{engine="0",position="1"} 42.0
+COUNTER_LINE = re.compile(r"^vllm:spec_decode_num_(\w+?)_total(\{[^}]*\})? (\S+)$", re.MULTILINE)
+POSITION = re.compile(r'position="(\d+)"')
+
+
+def server_counters(url: str) -> Acceptance:
+    """Sum a vLLM server's `vllm:spec_decode_*` counters from its Prometheus `/metrics`."""
+    import requests
+
+    text = requests.get(f"{url.rstrip('/')}/metrics", timeout=30).text
+    totals = {"drafts": 0, "draft_tokens": 0, "accepted_tokens": 0}
+    per_position: dict[int, int] = {}
+    for match in COUNTER_LINE.finditer(text):
+        name, labels, value = match.group(1), match.group(2) or "", int(float(match.group(3)))
+        if name in totals:
+            totals[name] += value
+        elif name == "accepted_tokens_per_pos" and (position := POSITION.search(labels)):
+            index = int(position.group(1))
+            per_position[index] = per_position.get(index, 0) + value
+    positions = [per_position[i] for i in sorted(per_position)]
+    return Acceptance(**totals, accepted_per_position=positions)
+
+
+def generate_with_drafter_server(
+    url: str,
+    prompt_token_ids: list[list[int]],
+    *,
+    num_speculative_tokens: int,
+    max_tokens: int,
+    concurrency: int = 8,
+) -> tuple[list[list[int]], Acceptance, float]:
+    """Greedy generation on a running vLLM server that serves the target with the drafter:
+    outputs, the acceptance its counters grew by, and seconds. The server must serve nothing
+    else meanwhile (its counters are global). InputError when it drafts nothing or another K."""
+    from eagleflow.generate import Sampling, generate_server
+
+    before = server_counters(url)
+    start = time.perf_counter()
+    completions = generate_server(
+        url, prompt_token_ids, [0] * len(prompt_token_ids), Sampling(0.0, 1.0, max_tokens, 0),
+        concurrency=concurrency,
+    )  # fmt: skip
+    seconds = time.perf_counter() - start
+    after = server_counters(url)
+    now = after.accepted_per_position
+    earlier = before.accepted_per_position + [0] * (len(now) - len(before.accepted_per_position))
+    served = Acceptance(
+        drafts=after.drafts - before.drafts,
+        draft_tokens=after.draft_tokens - before.draft_tokens,
+        accepted_tokens=after.accepted_tokens - before.accepted_tokens,
+        accepted_per_position=[a - b for a, b in zip(now, earlier, strict=True)],
+    )
+    if served.drafts == 0:
+        raise InputError(
+            f"evaluate.server_url: {url} made no drafts: it serves no drafter (start it with "
+            '--speculative-config \'{"method": "eagle3", "model": DRAFTER, ...}\')'
+        )
+    if served.draft_tokens != num_speculative_tokens * served.drafts:
+        raise InputError(
+            f"evaluate.server_url: {url} drafts {served.draft_tokens / served.drafts:g} tokens "
+            f"per step; evaluate.serving_k is {num_speculative_tokens}"
+        )
+    return [list(c.token_ids) for c in completions], served, seconds

@@ -9,6 +9,7 @@ from eagleflow.logs import log_job_errors, setup_job_logging
 if __name__ == "__main__":  # vLLM spawns worker processes that re-import this module
     log = setup_job_logging(snakemake.log[0])
     params = snakemake.params
+    evaluate = snakemake.config["evaluate"]
     with log_job_errors(log):
         report = serving_check(
             snakemake.output[0],
@@ -20,8 +21,9 @@ if __name__ == "__main__":  # vLLM spawns worker processes that re-import this m
             k=params.k,
             tolerance=params.tolerance,
             max_prompts=params.max_prompts,
-            # [speed]: read from the config, not a param, so changing it reruns nothing
-            compare_plain=snakemake.config["evaluate"]["compare_plain"],
+            # [speed]: read from the config, not params, so changing them reruns nothing
+            compare_plain=evaluate["compare_plain"],
+            server_url=evaluate["server_url"] if evaluate["backend"] == "server" else None,
             max_tokens=params.max_tokens,
             max_model_len=params.max_model_len,
             engine_options=engine_options(snakemake.config, "evaluate"),

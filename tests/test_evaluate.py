@@ -10,9 +10,12 @@ from pathlib import Path
 
 import pytest
 import torch
+import yaml
+from conftest import free_port, run_snakemake, scheduled_outputs
 from safetensors.torch import load_file, save_file
 
 from eagleflow.evaluate import response_start, simulate_chain
+from eagleflow.extraction_server import running_server
 
 
 def test_chain_walk_counts_accepted_drafts_and_the_end_of_the_answer() -> None:
@@ -89,3 +92,34 @@ if __name__ == "__main__":
     rejected = json.loads((tmp_path / "serving.rejected.json").read_text())
     print(fault, "->", rejected["served"]["mean_acceptance_length"], rejected["diagnostics"])
     assert any(problem.startswith(fault) for problem in rejected["diagnostics"])
+
+
+def test_serving_check_against_a_server_that_serves_the_drafter(
+    demo_copy: Path, tmp_path: Path
+) -> None:
+    """`evaluate.backend: server`: the check sends the held-out prompts to a vLLM server that
+    serves the target with the export (as a user serves it) and reads the spec-decode counters
+    it grew by; the job builds no engine. The key reruns nothing ([speed]); the acceptance
+    agrees with the in-process check's."""
+    in_process = json.loads((demo_copy / "results/eval/serving.json").read_text())["served"]
+    spec = {"method": "eagle3", "model": str(demo_copy / "results/drafter/vllm"),
+            "num_speculative_tokens": 3}  # fmt: skip
+    config_path = demo_copy / "config.yaml"
+    config = yaml.safe_load(config_path.read_text())
+    planned_before = scheduled_outputs(run_snakemake(demo_copy, "-n").stdout, "results/")
+    with running_server(
+        demo_copy / "results/demo/target", port=free_port(), log_path=tmp_path / "server.log",
+        extra=["--speculative-config", json.dumps(spec)],
+    ) as url:  # fmt: skip
+        config["evaluate"] = {**config.get("evaluate", {}), "backend": "server", "server_url": url}
+        config_path.write_text(yaml.safe_dump(config, sort_keys=False))
+        planned = scheduled_outputs(run_snakemake(demo_copy, "-n").stdout, "results/")
+        assert planned == planned_before  # reruns nothing
+        run_snakemake(demo_copy, "--forcerun", "evaluate_serving", "results/eval/serving.json")
+    served = json.loads((demo_copy / "results/eval/serving.json").read_text())["served"]
+    print(f"served by {url}: {served['mean_acceptance_length']:.3f}; in-process "
+          f"{in_process['mean_acceptance_length']:.3f}")  # fmt: skip
+    assert served["served_by"] == url and served["prompts"] == in_process["prompts"]
+    assert "without_drafter" not in served["tokens_per_s"]  # no second load of the target
+    ratio = served["mean_acceptance_length"] / in_process["mean_acceptance_length"]
+    assert abs(ratio - 1) <= 0.03, (served, in_process)

@@ -5,10 +5,13 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 from conftest import free_port, run_snakemake, write_config
 
 from eagleflow.extraction_server import running_server
 from eagleflow.files import read_jsonl
+from eagleflow.logs import InputError
+from eagleflow.spec_decode import generate_with_drafter_server
 
 
 def responses(workdir: Path) -> dict[str, dict]:
@@ -51,6 +54,9 @@ def test_server_backend_matches_in_process(demo_run: Path, tmp_path: Path) -> No
             },
         )
         run_snakemake(tmp_path, "responses")
+        # The same server as a serving check's: it serves no drafter, which the check names.
+        with pytest.raises(InputError, match="made no drafts: it serves no drafter"):
+            generate_with_drafter_server(url, [[5, 6, 7]], num_speculative_tokens=3, max_tokens=4)
     served, in_process = responses(tmp_path), responses(demo_run)
     assert len(served) == 100 and served.keys() <= in_process.keys()
     identical = sum(
