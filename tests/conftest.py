@@ -6,8 +6,10 @@ import copy
 import os
 import re
 import shutil
+import signal
 import socket
 import subprocess
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -96,18 +98,61 @@ def run_snakemake(
     return result
 
 
-@pytest.fixture(scope="session")
-def demo_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A working directory where the whole workflow ran once on the test config.
+DEMO_RUN_FIXTURES = {"demo_run", "demo_copy"}
 
-    Builds the real demo target (a few minutes), so every test that needs a trained target
-    shares this one build.
-    """
-    if os.environ.get("EAGLEFLOW_DEMO_RUN"):  # reuse a finished run while developing tests
-        return Path(os.environ["EAGLEFLOW_DEMO_RUN"])
+
+def _uses_demo_run(item: pytest.Item) -> bool:
+    return bool(DEMO_RUN_FIXTURES & set(getattr(item, "fixturenames", ())))
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Modules with a test that needs the demo run go last (each module stays whole, so its
+    module fixtures are set up once): the others run while the demo run builds."""
+    waiting = {item.module for item in items if _uses_demo_run(item)}
+    items.sort(key=lambda item: item.module in waiting)  # stable: file order otherwise
+
+
+@pytest.fixture(scope="session", autouse=True)
+def demo_run_started(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[tuple[Path, subprocess.Popen, Path] | None]:
+    """Start the demo run (the whole workflow on the test config, with the real demo target:
+    minutes) in the background when the session begins, if a selected test needs it. Its
+    build leaves cores idle in turns with the tests that run meanwhile (engine starts, single
+    -threaded planning), so the suite takes less time than one after the other."""
+    needed = any(_uses_demo_run(item) for item in request.session.items)
+    if os.environ.get("EAGLEFLOW_DEMO_RUN") or not needed:
+        yield None
+        return
     workdir = tmp_path_factory.mktemp("demo_run")
     write_config(workdir)
-    run_snakemake(workdir)
+    log = workdir.parent / "demo_run.log"
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+    with open(log, "w") as out:
+        process = subprocess.Popen(
+            snakemake_command(workdir), cwd=workdir, env=env, stdout=out,
+            stderr=subprocess.STDOUT, start_new_session=True,
+        )  # fmt: skip
+    try:
+        yield workdir, process, log
+    finally:
+        if process.poll() is None:  # the session ended early: stop the run and its jobs
+            os.killpg(process.pid, signal.SIGTERM)
+            process.wait()
+
+
+@pytest.fixture(scope="session")
+def demo_run(demo_run_started: tuple[Path, subprocess.Popen, Path] | None) -> Path:
+    """A working directory where the whole workflow ran once on the test config (started in
+    the background by `demo_run_started`; this waits for it), shared by every test that needs
+    a trained target. `EAGLEFLOW_DEMO_RUN=/path` reuses a finished run while developing tests.
+    """
+    if os.environ.get("EAGLEFLOW_DEMO_RUN"):
+        return Path(os.environ["EAGLEFLOW_DEMO_RUN"])
+    assert demo_run_started is not None
+    workdir, process, log = demo_run_started
+    if process.wait(timeout=3600) != 0:
+        pytest.fail(f"the demo run exited {process.returncode}:\n{log.read_text()[-6000:]}")
     return workdir
 
 
