@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import requests
 import torch
 
 from eagleflow.engine import LLVMLITE_SCAN_BUG, in_process_core_blocked
@@ -178,7 +179,10 @@ def extract_server(
         for sample, path in in_order_on_threads(prefill, samples, concurrency):
             if writer.num_samples == 0:  # the first file: check whose server wrote it
                 check_server_info(url, path, ids, model_dir)
-            states = take_states(path)
+            try:
+                states = take_states(path)
+            except FileNotFoundError:  # it answered, then died before its connector wrote
+                raise requests.ConnectionError(f"states file {path} never written") from None
             check_tokens(sample, states["token_ids"])
             append_states(writer, sample, states["hidden_states"], ids, hidden_size)
             progress.advance(1, len(sample["input_ids"]))

@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import copy
+import fcntl
 import os
 import re
 import shutil
 import signal
 import socket
 import subprocess
+import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -112,37 +115,66 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     items.sort(key=lambda item: item.module in waiting)  # stable: file order otherwise
 
 
+@dataclass
+class DemoBuild:
+    """The demo run's working directory, where its exit status will appear, and its log."""
+
+    workdir: Path
+    exit_status: Path
+    log: Path
+
+
+def _session_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The temporary directory every process of this session shares: under pytest-xdist each
+    worker has its own base directory inside it."""
+    base = tmp_path_factory.getbasetemp()
+    return base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+
+
 @pytest.fixture(scope="session", autouse=True)
 def demo_run_started(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[tuple[Path, subprocess.Popen, Path] | None]:
+) -> Iterator[DemoBuild | None]:
     """Start the demo run (the whole workflow on the test config, with the real demo target:
-    minutes) in the background when the session begins, if a selected test needs it. Its
-    build leaves cores idle in turns with the tests that run meanwhile (engine starts, single
-    -threaded planning), so the suite takes less time than one after the other."""
+    minutes) in the background when the session begins, if a selected test needs it: the
+    tests that do not need it run meanwhile. Under pytest-xdist the first worker starts it and
+    every worker uses that one run."""
     needed = any(_uses_demo_run(item) for item in request.session.items)
     if os.environ.get("EAGLEFLOW_DEMO_RUN") or not needed:
         yield None
         return
-    workdir = tmp_path_factory.mktemp("demo_run")
-    write_config(workdir)
-    log = workdir.parent / "demo_run.log"
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
-    with open(log, "w") as out:
-        process = subprocess.Popen(
-            snakemake_command(workdir), cwd=workdir, env=env, stdout=out,
-            stderr=subprocess.STDOUT, start_new_session=True,
-        )  # fmt: skip
+    root = _session_root(tmp_path_factory)
+    build = DemoBuild(root / "demo_run", root / "demo_run.exit", root / "demo_run.log")
+    process = None
+    with open(root / "demo_run.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # one worker creates it; the others find it started
+        if not build.workdir.exists():
+            build.workdir.mkdir()
+            write_config(build.workdir)
+            env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+            # The shell records the exit status where every worker can read it.
+            command = ["sh", "-c", f'"$@"; echo $? > {build.exit_status}', "sh"]
+            with open(build.log, "w") as out:
+                process = subprocess.Popen(
+                    command + snakemake_command(build.workdir), cwd=build.workdir, env=env,
+                    stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+                )  # fmt: skip
     try:
-        yield workdir, process, log
+        yield build
     finally:
-        if process.poll() is None:  # the session ended early: stop the run and its jobs
-            os.killpg(process.pid, signal.SIGTERM)
-            process.wait()
+        if process is not None and process.poll() is None:
+            alone = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")) == 1
+            try:
+                if not alone:  # another worker may still need it
+                    process.wait()
+            finally:  # stop the run and its jobs (alone, or interrupted)
+                if process.poll() is None:
+                    os.killpg(process.pid, signal.SIGTERM)
+                    process.wait()
 
 
 @pytest.fixture(scope="session")
-def demo_run(demo_run_started: tuple[Path, subprocess.Popen, Path] | None) -> Path:
+def demo_run(demo_run_started: DemoBuild | None) -> Path:
     """A working directory where the whole workflow ran once on the test config (started in
     the background by `demo_run_started`; this waits for it), shared by every test that needs
     a trained target. `EAGLEFLOW_DEMO_RUN=/path` reuses a finished run while developing tests.
@@ -150,10 +182,16 @@ def demo_run(demo_run_started: tuple[Path, subprocess.Popen, Path] | None) -> Pa
     if os.environ.get("EAGLEFLOW_DEMO_RUN"):
         return Path(os.environ["EAGLEFLOW_DEMO_RUN"])
     assert demo_run_started is not None
-    workdir, process, log = demo_run_started
-    if process.wait(timeout=3600) != 0:
-        pytest.fail(f"the demo run exited {process.returncode}:\n{log.read_text()[-6000:]}")
-    return workdir
+    build = demo_run_started
+    deadline = time.monotonic() + 3600
+    while not build.exit_status.exists() or not build.exit_status.read_text().strip():
+        if time.monotonic() > deadline:
+            pytest.fail(f"the demo run did not finish in an hour:\n{build.log.read_text()[-6000:]}")
+        time.sleep(1)
+    status = build.exit_status.read_text().strip()
+    if status != "0":
+        pytest.fail(f"the demo run exited {status}:\n{build.log.read_text()[-6000:]}")
+    return build.workdir
 
 
 @pytest.fixture
