@@ -26,6 +26,15 @@ from eagleflow.export import load_drafter
 from eagleflow.files import write_json
 from eagleflow.loader import list_samples
 from eagleflow.logs import InputError
+from eagleflow.sampled import (
+    ACCEPTANCE_SIGMAS,
+    WALKS,
+    acceptance_length_stderr,
+    acceptance_probabilities,
+    engine_fault,
+    lossless_verdict,
+    walk_expected,
+)
 from eagleflow.shards import open_shard
 from eagleflow.vocab import draft_to_target_ids
 
@@ -67,8 +76,11 @@ def offline_acceptance(
     heldout_fraction: float,
     ks: Sequence[int],
     max_samples: int | None = None,
+    temperatures: Sequence[float] = (0.0,),
 ) -> dict:
-    """Offline chain acceptance on the held-out split, for each K in `ks`."""
+    """Offline chain acceptance on the held-out split, for each K in `ks`: greedy (`by_k`)
+    and, in `by_temperature`, at each of `temperatures` as vLLM accepts drafts when it samples
+    (see eagleflow/sampled.py)."""
     model, config = load_drafter(export_dir)
     head = load_target_head(target)
     draft_ids = draft_to_target_ids(model.d2t)
@@ -76,7 +88,10 @@ def offline_acceptance(
     if not refs:
         raise InputError("offline evaluation: the held-out split is empty")
     steps = max(ks)
+    sampled = sorted({float(t) for t in temperatures} - {0.0})
     per_k = {k: {"accepted": [], "past_end": []} for k in ks}
+    per_t = {t: {k: {"accepted": [], "past_end": []} for k in ks} for t in sampled}
+    generator = torch.Generator().manual_seed(0)
     shards = {}
     for ref in refs:
         shard = shards.setdefault(ref.shard, open_shard(shard_paths[ref.shard]))
@@ -85,20 +100,36 @@ def offline_acceptance(
         aux = sample["aux"].reshape(len(ids), -1).float()[None]
         outputs = model(aux, ids[None], head.embed, steps)
         length = len(ids)
+        # drafted[step, t]: the target id drafted at slot t for token t + 2 + step.
+        drafted = torch.stack([draft_ids[model.logits(out[0]).argmax(-1)] for out in outputs])
         matches = torch.zeros(steps, length, dtype=torch.bool)
-        for step, out in enumerate(outputs):
-            drafted = draft_ids[model.logits(out[0]).argmax(-1)]
+        for step in range(steps):
             span = max(0, length - 2 - step)
-            matches[step, :span] = drafted[:span] == ids[2 + step : 2 + step + span]
+            matches[step, :span] = drafted[step, :span] == ids[2 + step : 2 + step + span]
         start = response_start(sample["loss_mask"])
         for k in ks:
             accepted, past_end = simulate_chain(matches, start, length, k)
             per_k[k]["accepted"] += accepted
             per_k[k]["past_end"] += past_end
+        for temperature in sampled:
+            accept = acceptance_probabilities(head, sample["last"], drafted, temperature)
+            for k in ks:
+                for _ in range(WALKS):
+                    accepted, past_end = walk_expected(accept, start, length, k, generator)
+                    per_t[temperature][k]["accepted"] += accepted
+                    per_t[temperature][k]["past_end"] += past_end
+    by_k = {str(k): _summary(v["accepted"], v["past_end"], k) for k, v in per_k.items()}
+    by_temperature = {"0.0": {"by_k": by_k}} if 0.0 in temperatures else {}
+    for temperature, walks in per_t.items():
+        by_temperature[str(temperature)] = {
+            "walks_per_response": WALKS,
+            "by_k": {str(k): _summary(v["accepted"], v["past_end"], k) for k, v in walks.items()},
+        }
     return {
         "samples": len(refs),
         "aux_layer_ids": config["aux_layer_ids"],
-        "by_k": {str(k): _summary(v["accepted"], v["past_end"], k) for k, v in per_k.items()},
+        "by_k": by_k,
+        "by_temperature": by_temperature,
     }
 
 
@@ -114,6 +145,17 @@ def _summary(accepted: list[int], past_end: list[int], k: int) -> dict:
     }
 
 
+def heldout_prompts(
+    shard_paths: Sequence[str | Path], heldout_fraction: float, max_prompts: int | None
+) -> list[list[int]]:
+    """The held-out samples' prompts (everything before the last assistant turn)."""
+    prompts = []
+    for ref in list_samples(shard_paths, heldout_fraction, "heldout")[:max_prompts]:
+        sample = open_shard(shard_paths[ref.shard]).sample(ref.index)
+        prompts.append(sample["input_ids"][: response_start(sample["loss_mask"])].tolist())
+    return prompts
+
+
 def serving_acceptance(
     export_dir: str | Path,
     shard_paths: Sequence[str | Path],
@@ -124,58 +166,82 @@ def serving_acceptance(
     max_tokens: int,
     max_model_len: int,
     max_prompts: int | None = None,
+    temperatures: Sequence[float] = (0.0,),
     compare_plain: bool = True,
     engine_options: Mapping[str, Any] | None = None,
     server_url: str | None = None,
 ) -> dict:
-    """Greedy generation of the held-out prompts in vLLM with (and, for the speed-up and the
-    output comparison, without) the drafter; `engine_options`: the user's, for both engines.
-    With `server_url` (a vLLM server serving the target with the drafter) no engine is built
-    here: the prompts go to the server, which is not compared without the drafter."""
-    from eagleflow.spec_decode import (
-        generate_plain,
-        generate_with_drafter,
-        generate_with_drafter_server,
-    )
+    """Generation of the held-out prompts in vLLM with the drafter at each of `temperatures`
+    (prompt i seeded i) and, with `compare_plain`, without it: the speed-up, identical greedy
+    outputs, and at T > 0 whether the drafter left the output distribution as the target's
+    (eagleflow/sampled.py); `engine_options`: the user's, for both engines. With `server_url`
+    (a vLLM server serving the target with the drafter) no engine is built here and nothing
+    is compared without the drafter. Returns the first temperature's figures at the top level,
+    every temperature's under `by_temperature`."""
+    from eagleflow.spec_decode import Served, eagle3_config, generate_with_drafter_server, serve
 
-    refs = list_samples(shard_paths, heldout_fraction, "heldout")[:max_prompts]
-    prompts = []
-    for ref in refs:
-        sample = open_shard(shard_paths[ref.shard]).sample(ref.index)
-        prompts.append(sample["input_ids"][: response_start(sample["loss_mask"])].tolist())
+    temperatures = [float(t) for t in temperatures]
+    prompts = heldout_prompts(shard_paths, heldout_fraction, max_prompts)
     start = time.perf_counter()
     if server_url:
-        spec_outputs, acceptance, spec_seconds = generate_with_drafter_server(
-            server_url, prompts, num_speculative_tokens=k, max_tokens=max_tokens
-        )
+        runs = [
+            generate_with_drafter_server(
+                server_url, prompts, num_speculative_tokens=k, max_tokens=max_tokens,
+                temperature=t,
+            )
+            for t in temperatures
+        ]  # fmt: skip
+        spec = {t: Served(*run) for t, run in zip(temperatures, runs, strict=True)}
         compare_plain = False
     else:
-        spec_outputs, acceptance, spec_seconds = generate_with_drafter(
-            target, export_dir, prompts, num_speculative_tokens=k, max_tokens=max_tokens,
-            max_model_len=max_model_len, options=engine_options,
-        )  # fmt: skip
-    report = {
-        "served_by": server_url or "in-process vLLM engine",
-        "prompts": len(prompts),
-        "k": k,
-        "drafts": acceptance.drafts,
-        "draft_tokens": acceptance.draft_tokens,
-        "accepted": acceptance.accepted_tokens,
-        "mean_acceptance_length": acceptance.mean_acceptance_length,
-        "per_position": acceptance.per_position_rate,
-        "tokens_per_s": {"with_drafter": sum(map(len, spec_outputs)) / spec_seconds},
-    }
-    if compare_plain:
-        plain_outputs, plain_seconds = generate_plain(
+        spec, _ = serve(
             target, prompts, max_tokens=max_tokens, max_model_len=max_model_len,
-            options=engine_options,
+            temperatures=temperatures, options=engine_options,
+            speculative_config=eagle3_config(export_dir, k),
         )  # fmt: skip
-        report["tokens_per_s"]["without_drafter"] = sum(map(len, plain_outputs)) / plain_seconds
-        # Greedy with and without speculation should agree but for rare bf16 near-ties.
-        report["identical_outputs"] = sum(
-            a == b for a, b in zip(plain_outputs, spec_outputs, strict=True)
-        )
-    report["seconds"] = time.perf_counter() - start
+    by_temperature = {}
+    for t, run in spec.items():
+        acceptance = run.acceptance
+        by_temperature[str(t)] = {
+            "served_by": server_url or "in-process vLLM engine",
+            "prompts": len(prompts),
+            "k": k,
+            "temperature": t,
+            "drafts": acceptance.drafts,
+            "draft_tokens": acceptance.draft_tokens,
+            "accepted": acceptance.accepted_tokens,
+            "mean_acceptance_length": acceptance.mean_acceptance_length,
+            "per_position": acceptance.per_position_rate,
+            "tokens_per_s": {"with_drafter": sum(map(len, run.outputs)) / run.seconds},
+        }
+    if compare_plain:
+        plain, scored = serve(
+            target, prompts, max_tokens=max_tokens, max_model_len=max_model_len,
+            temperatures=temperatures, options=engine_options,
+            score={t: run.outputs for t, run in spec.items() if t > 0},
+        )  # fmt: skip
+        for t, run in plain.items():
+            record = by_temperature[str(t)]
+            record["tokens_per_s"]["without_drafter"] = sum(map(len, run.outputs)) / run.seconds
+            if t == 0:  # greedy with and without speculation agree but for rare bf16 near-ties
+                record["identical_outputs"] = sum(
+                    a == b for a, b in zip(run.outputs, spec[t].outputs, strict=True)
+                )
+            else:
+                record["lossless"] = lossless_verdict(scored[t], run.loglik or [])
+    else:
+        for t in temperatures:
+            if t > 0:
+                by_temperature[str(t)]["lossless"] = {
+                    "lossless": None,
+                    "reason": "not checked: no run without the drafter (server backend or "
+                    "compare_plain: false)",
+                }
+    report = {
+        **by_temperature[str(temperatures[0])],
+        "by_temperature": by_temperature,
+        "seconds": time.perf_counter() - start,
+    }
     return report
 
 
@@ -202,16 +268,19 @@ def serving_check(
     max_prompts: int | None,
     max_tokens: int,
     max_model_len: int,
+    temperatures: Sequence[float] = (0.0,),
     compare_plain: bool = True,
     engine_options: Mapping[str, Any] | None = None,
     server_url: str | None = None,
 ) -> dict:
-    """Measure served acceptance (in vLLM engines built here, or on the vLLM server at
-    `server_url`); write the report only when the drafter passes.
+    """Measure served acceptance at each of `temperatures` (in vLLM engines built here, or on
+    the vLLM server at `server_url`); write the report only when the drafter passes.
 
-    It fails when served mean acceptance length is below the offline (answer-only) estimate by
-    more than `tolerance` (relative), or when a diagnostic finds a known fault in the export; the
-    findings go into the error and into `<out>.rejected.json` for inspection.
+    It fails when served mean acceptance length at some temperature is below that
+    temperature's offline (answer-only) estimate by more than `tolerance` (relative), when the
+    outputs sampled with the drafter are not distributed as the target's own (an engine fault:
+    a drafter cannot change them in a correct engine), or when a diagnostic finds a known
+    fault in the export; the findings go into the error and into `<out>.rejected.json`.
     """
     from eagleflow.diagnose import diagnose_export
 
@@ -219,41 +288,80 @@ def serving_check(
         raise InputError(
             f"evaluate.serving_k: {k} is not among the offline ks {list(offline['by_k'])}"
         )
+    missing = [t for t in temperatures if str(float(t)) not in offline.get("by_temperature", {})]
+    if missing:
+        raise InputError(
+            f"evaluate.temperatures: no offline estimate at {missing}; rerun evaluate_offline"
+        )
     from eagleflow.spec_decode import cpu_serving_blocked
 
     blocked = None if server_url else cpu_serving_blocked(target)
     if blocked:
         raise InputError(f"serving check: {blocked}")
     problems = diagnose_export(export_dir, shard_paths, target)
+    temperatures = [float(t) for t in temperatures]
     try:
         served = serving_acceptance(
             export_dir, shard_paths, target, heldout_fraction=heldout_fraction, k=k,
             max_tokens=max_tokens, max_model_len=max_model_len, max_prompts=max_prompts,
-            compare_plain=compare_plain, engine_options=engine_options, server_url=server_url,
+            temperatures=temperatures, compare_plain=compare_plain,
+            engine_options=engine_options, server_url=server_url,
         )  # fmt: skip
     except InputError:  # the server serves no drafter, or another K: the user's to fix
         raise
     except Exception as err:  # a broken export can crash the engine: still name the cause
         served = {"error": f"{type(err).__name__}: {err}", "mean_acceptance_length": 0.0}
-    estimate = offline["by_k"][str(k)]
-    floor = estimate["mean_acceptance_length"] * (1 - tolerance)
-    mal = served["mean_acceptance_length"]
+    failures, by_temperature = [], {}
+    for t in temperatures:
+        estimate = offline["by_temperature"][str(t)]["by_k"][str(k)]
+        record = served.get("by_temperature", {}).get(str(t), served)
+        mal = record["mean_acceptance_length"]
+        floor = estimate["mean_acceptance_length"] * (1 - tolerance)
+        noise = 0.0
+        if t > 0 and "error" not in served:  # a sampled figure: allow for its own spread
+            noise = acceptance_length_stderr(record["per_position"], record["drafts"])
+            floor -= ACCEPTANCE_SIGMAS * noise
+        by_temperature[str(t)] = {
+            "served": record,
+            "offline": estimate,
+            "relative_gap": mal / estimate["mean_acceptance_length"] - 1,
+            "served_stderr": noise,
+            "floor": floor,
+        }
+        if mal < floor:
+            measured = served.get("error") or f"served mean acceptance length {mal:.3f}"
+            failures.append(
+                f"T={t:g}: {measured} (K={k}) vs offline "
+                f"{estimate['mean_acceptance_length']:.3f} (floor {floor:.3f})"
+            )
+        lossless = record.get("lossless") or {}
+        if lossless.get("lossless") is False:
+            prompts = heldout_prompts(shard_paths, heldout_fraction, max_prompts)
+            finding = engine_fault(
+                target, prompts, t, max_tokens=max_tokens, max_model_len=max_model_len,
+                options=engine_options,
+            )  # fmt: skip
+            failures.append(
+                f"T={t:g}: outputs sampled with the drafter are not the target's own (target "
+                f"log-likelihood {lossless['loglik_with_drafter']:.3f} vs "
+                f"{lossless['loglik_without_drafter']:.3f} nats/token without it, "
+                f"{abs(lossless['gap']) / max(lossless['stderr'], 1e-9):.0f} standard errors): "
+                + finding
+            )
+    first = by_temperature[str(temperatures[0])]
     report = {
-        "served": served,
-        "offline": estimate,
-        "relative_gap": mal / estimate["mean_acceptance_length"] - 1,
+        **first,
+        "by_temperature": by_temperature,
         "tolerance": tolerance,
         "diagnostics": problems,
     }
     out_path = Path(out_path)
-    if mal < floor or problems:
+    if failures or problems:
         write_json(out_path.with_suffix(".rejected.json"), report)
-        measured = served.get("error") or f"served mean acceptance length {mal:.3f}"
         raise ServingCheckFailed(
-            f"serving check failed: {measured} (K={k}) vs offline "
-            f"{estimate['mean_acceptance_length']:.3f} (floor {floor:.3f}); diagnostics: "
-            + ("; ".join(problems) if problems else "no known cause found")
-        )
+            "serving check failed: " + "; ".join(failures or ["acceptance within tolerance"])
+            + "; diagnostics: " + ("; ".join(problems) if problems else "no known cause found")
+        )  # fmt: skip
     out_path.with_suffix(".rejected.json").unlink(missing_ok=True)
     write_json(out_path, report)
     return report

@@ -43,21 +43,26 @@ def plot_training(metrics_tsv: str | Path, out: str | Path) -> None:
     plt.close(fig)
 
 
-def plot_acceptance(offline_json: str | Path, serving_json: str | Path, out: str | Path) -> None:
-    offline = json.loads(Path(offline_json).read_text())
+def plot_acceptance(serving_json: str | Path, out: str | Path) -> None:
+    """Acceptance per draft position, offline and served, at each temperature the serving
+    check served (its report holds the offline estimate of each)."""
     serving = json.loads(Path(serving_json).read_text())
-    served = serving["served"]
-    k = served["k"]
+    by_temperature = serving.get("by_temperature") or {"0.0": serving}
+    k = serving["served"]["k"]
     fig, ax = plt.subplots(figsize=(6, 4))
     xs = list(range(1, k + 1))
-    ax.plot(xs, offline["by_k"][str(k)]["per_position"], "o-", label="offline")
-    ax.plot(xs, served["per_position"], "s--", label="served (vLLM)")
-    ax.set(
-        title=(
-            f"acceptance per position, K={k}: mean length offline "
-            f"{offline['by_k'][str(k)]['mean_acceptance_length']:.2f}, served "
+    means = []
+    for index, (t, record) in enumerate(by_temperature.items()):
+        color = f"C{index}"
+        estimate, served = record["offline"], record["served"]
+        ax.plot(xs, estimate["per_position"], "o-", color=color, label=f"offline, T={t}")
+        ax.plot(xs, served["per_position"], "s--", color=color, label=f"served, T={t}")
+        means.append(
+            f"T={t}: {estimate['mean_acceptance_length']:.2f} / "
             f"{served['mean_acceptance_length']:.2f}"
-        ),
+        )
+    ax.set(
+        title=f"acceptance per position, K={k}; mean length offline / served: " + ", ".join(means),
         xlabel="draft position",
         ylabel="acceptance rate",
         ylim=(0, 1),
@@ -114,7 +119,7 @@ def write_plots(inputs: Mapping, outputs: Mapping, shard_rule: str = "extract") 
     """All report plots from the workflow's files (Snakemake's input/output objects);
     `shard_rule` wrote the shards (extract, or capture in one pass)."""
     plot_training(inputs["metrics"], outputs["training"])
-    plot_acceptance(inputs["offline"], inputs["serving"], outputs["acceptance"])
+    plot_acceptance(inputs["serving"], outputs["acceptance"])
     benchmarks = Path(inputs["metrics"]).parents[1] / "benchmarks" / shard_rule
     plot_shards(list(inputs["shards"]), benchmarks, outputs["shards"])
     plot_vocab(inputs["coverage"], outputs["vocab"])

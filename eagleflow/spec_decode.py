@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import re
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -45,6 +45,19 @@ class Acceptance:
     def mean_acceptance_length(self) -> float:
         return 1.0 + self.accepted_tokens / self.drafts if self.drafts else float("nan")
 
+    def __sub__(self, earlier: Acceptance) -> Acceptance:
+        """The counts added since `earlier` (counters only grow)."""
+        now = self.accepted_per_position
+        before = earlier.accepted_per_position + [0] * (
+            len(now) - len(earlier.accepted_per_position)
+        )
+        return Acceptance(
+            drafts=self.drafts - earlier.drafts,
+            draft_tokens=self.draft_tokens - earlier.draft_tokens,
+            accepted_tokens=self.accepted_tokens - earlier.accepted_tokens,
+            accepted_per_position=[a - b for a, b in zip(now, before, strict=True)],
+        )
+
     @property
     def per_position_rate(self) -> list[float]:
         drafts = self.drafts or float("nan")
@@ -66,18 +79,33 @@ def spec_decode_counters(metrics: list) -> Acceptance:
     return Acceptance(**totals, accepted_per_position=per_position)
 
 
-def _generate(
+@dataclass(frozen=True)
+class Served:
+    """One engine's outputs at one temperature: acceptance (None without a drafter), seconds,
+    and, where scored, the target's mean log-likelihood per token of each output."""
+
+    outputs: list[list[int]]
+    acceptance: Acceptance | None
+    seconds: float
+    loglik: list[float] | None = None
+
+
+def serve(
     target: str | Path,
     prompt_token_ids: list[list[int]],
     *,
     max_tokens: int,
     max_model_len: int,
+    temperatures: Sequence[float] = (0.0,),
     speculative_config: dict | None = None,
     seed: int = 0,
     options: Mapping[str, Any] | None = None,
-) -> tuple[list[list[int]], list, float]:
-    """Greedy outputs, the engine's metrics and the generation seconds (engine load excluded);
-    `options`: the user's engine options."""
+    score: Mapping[float, list[list[int]]] | None = None,
+) -> tuple[dict[float, Served], dict[float, list[float]]]:
+    """Generate the prompts in one engine at each temperature (prompt i seeded `seed + i`, so
+    two engines draw alike); `options`: the user's engine options. Without a drafter the
+    engine also scores its own outputs at T > 0 and the outputs in `score` (another engine's,
+    by temperature): their log-likelihoods are the second result."""
     import gc
 
     from vllm import SamplingParams, TokensPrompt
@@ -92,15 +120,53 @@ def _generate(
         disable_log_stats=False,
         speculative_config=speculative_config,
     )
-    sampling = SamplingParams(temperature=0.0, max_tokens=max_tokens, seed=seed, detokenize=False)
     prompts = [TokensPrompt(prompt_token_ids=ids) for ids in prompt_token_ids]
-    start = time.perf_counter()
-    outputs = llm.generate(prompts, sampling, use_tqdm=False)
-    seconds = time.perf_counter() - start
-    metrics = llm.get_metrics()
+    served, scored = {}, {}
+    for temperature in temperatures:
+        params = [
+            SamplingParams(temperature=temperature, max_tokens=max_tokens, seed=seed + i,
+                           detokenize=False)
+            for i in range(len(prompts))
+        ]  # fmt: skip
+        before = spec_decode_counters(llm.get_metrics()) if speculative_config else None
+        start = time.perf_counter()
+        outputs = [list(out.outputs[0].token_ids) for out in llm.generate(prompts, params)]
+        seconds = time.perf_counter() - start
+        acceptance = None
+        if before is not None:
+            acceptance = spec_decode_counters(llm.get_metrics()) - before
+        loglik = None
+        if speculative_config is None and temperature > 0:
+            loglik = score_outputs(llm, prompt_token_ids, outputs)
+            if score and temperature in score:
+                scored[temperature] = score_outputs(llm, prompt_token_ids, score[temperature])
+        served[temperature] = Served(outputs, acceptance, seconds, loglik)
     del llm
     gc.collect()
-    return [list(out.outputs[0].token_ids) for out in outputs], metrics, seconds
+    return served, scored
+
+
+def score_outputs(
+    llm: Any, prompt_token_ids: list[list[int]], outputs: list[list[int]]
+) -> list[float]:
+    """The target's mean log-likelihood per token (raw logits, T = 1) of each output after its
+    prompt, by one prefill of prompt + output (NaN for an empty output)."""
+    from vllm import SamplingParams, TokensPrompt
+
+    params = SamplingParams(max_tokens=1, prompt_logprobs=0, detokenize=False)
+    pairs = [(p, o) for p, o in zip(prompt_token_ids, outputs, strict=True)]
+    scored = llm.generate(
+        [TokensPrompt(prompt_token_ids=p + o) for p, o in pairs if o], params, use_tqdm=False
+    )
+    means, results = iter(scored), []
+    for prompt, output in pairs:
+        if not output:
+            results.append(float("nan"))
+            continue
+        logprobs = next(means).prompt_logprobs[len(prompt) :]
+        tokens = [step[token].logprob for step, token in zip(logprobs, output, strict=True)]
+        results.append(sum(tokens) / len(tokens))
+    return results
 
 
 def generate_plain(
@@ -112,14 +178,19 @@ def generate_plain(
     options: Mapping[str, Any] | None = None,
 ) -> tuple[list[list[int]], float]:
     """Greedy generation without speculation: outputs and seconds."""
-    outputs, _, seconds = _generate(
-        target,
-        prompt_token_ids,
-        max_tokens=max_tokens,
-        max_model_len=max_model_len,
+    served, _ = serve(
+        target, prompt_token_ids, max_tokens=max_tokens, max_model_len=max_model_len,
         options=options,
-    )
-    return outputs, seconds
+    )  # fmt: skip
+    return served[0.0].outputs, served[0.0].seconds
+
+
+def eagle3_config(drafter: str | Path, num_speculative_tokens: int) -> dict:
+    return {
+        "method": "eagle3",
+        "model": str(drafter),
+        "num_speculative_tokens": num_speculative_tokens,
+    }
 
 
 def generate_with_drafter(
@@ -133,19 +204,13 @@ def generate_with_drafter(
     options: Mapping[str, Any] | None = None,
 ) -> tuple[list[list[int]], Acceptance, float]:
     """Greedy generation with EAGLE-3 drafting: outputs, acceptance and seconds."""
-    outputs, metrics, seconds = _generate(
-        target,
-        prompt_token_ids,
-        max_tokens=max_tokens,
-        max_model_len=max_model_len,
-        options=options,
-        speculative_config={
-            "method": "eagle3",
-            "model": str(drafter),
-            "num_speculative_tokens": num_speculative_tokens,
-        },
-    )
-    return outputs, spec_decode_counters(metrics), seconds
+    served, _ = serve(
+        target, prompt_token_ids, max_tokens=max_tokens, max_model_len=max_model_len,
+        options=options, speculative_config=eagle3_config(drafter, num_speculative_tokens),
+    )  # fmt: skip
+    greedy = served[0.0]
+    assert greedy.acceptance is not None
+    return greedy.outputs, greedy.acceptance, greedy.seconds
 
 
 # A Prometheus counter line of vLLM's speculative decoding, e.g.
@@ -178,29 +243,23 @@ def generate_with_drafter_server(
     *,
     num_speculative_tokens: int,
     max_tokens: int,
+    temperature: float = 0.0,
     concurrency: int = 8,
 ) -> tuple[list[list[int]], Acceptance, float]:
-    """Greedy generation on a running vLLM server that serves the target with the drafter:
-    outputs, the acceptance its counters grew by, and seconds. The server must serve nothing
-    else meanwhile (its counters are global). InputError when it drafts nothing or another K."""
+    """Generation at `temperature` (prompt i seeded i) on a running vLLM server that serves
+    the target with the drafter: outputs, the acceptance its counters grew by, and seconds. The
+    server must serve nothing else meanwhile (its counters are global). InputError when it
+    drafts nothing or another K."""
     from eagleflow.generate import Sampling, generate_server
 
     before = server_counters(url)
     start = time.perf_counter()
     completions = generate_server(
-        url, prompt_token_ids, [0] * len(prompt_token_ids), Sampling(0.0, 1.0, max_tokens, 0),
-        concurrency=concurrency,
+        url, prompt_token_ids, list(range(len(prompt_token_ids))),
+        Sampling(temperature, 1.0, max_tokens, 0), concurrency=concurrency,
     )  # fmt: skip
     seconds = time.perf_counter() - start
-    after = server_counters(url)
-    now = after.accepted_per_position
-    earlier = before.accepted_per_position + [0] * (len(now) - len(before.accepted_per_position))
-    served = Acceptance(
-        drafts=after.drafts - before.drafts,
-        draft_tokens=after.draft_tokens - before.draft_tokens,
-        accepted_tokens=after.accepted_tokens - before.accepted_tokens,
-        accepted_per_position=[a - b for a, b in zip(now, earlier, strict=True)],
-    )
+    served = server_counters(url) - before
     if served.drafts == 0:
         raise InputError(
             f"evaluate.server_url: {url} made no drafts: it serves no drafter (start it with "

@@ -15,6 +15,7 @@ rule evaluate_offline:
         "../envs/torch.yaml"
     params:
         ks=config["evaluate"]["ks"],
+        temperatures=config["evaluate"]["temperatures"],
         max_samples=config["evaluate"]["max_samples"],
         heldout_fraction=config["train"]["heldout_fraction"],
     script:
@@ -41,6 +42,7 @@ rule evaluate_serving:
     params:
         **engine_params("evaluate"),
         k=config["evaluate"]["serving_k"],
+        temperatures=config["evaluate"]["temperatures"],
         max_prompts=config["evaluate"]["max_prompts"],
         tolerance=config["evaluate"]["tolerance"],
         heldout_fraction=config["train"]["heldout_fraction"],
@@ -53,7 +55,6 @@ rule evaluate_serving:
 rule report_plots:
     input:
         metrics="results/drafter/metrics.tsv",
-        offline="results/eval/offline.json",
         serving="results/eval/serving.json",
         coverage="results/vocab/coverage.json",
         shards=all_hidden,

@@ -12,6 +12,7 @@ with log_job_errors(log):
         target=snakemake.input.model,
         heldout_fraction=snakemake.params.heldout_fraction,
         ks=snakemake.params.ks,
+        temperatures=snakemake.params.temperatures,
         max_samples=snakemake.params.max_samples,
     )
 log.info("%s", report)

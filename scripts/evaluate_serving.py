@@ -19,6 +19,7 @@ if __name__ == "__main__":  # vLLM spawns worker processes that re-import this m
             target=snakemake.input.model,
             heldout_fraction=params.heldout_fraction,
             k=params.k,
+            temperatures=params.temperatures,
             tolerance=params.tolerance,
             max_prompts=params.max_prompts,
             # [speed]: read from the config, not params, so changing them reruns nothing

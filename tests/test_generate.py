@@ -105,3 +105,26 @@ def test_changed_temperature_reruns_generation_only(demo_run: Path) -> None:
     assert "Params have changed since last execution" in dry
     for upstream in ("demo_target", "demo_prompts", "normalize_prompts", "plan"):
         assert f"rule {upstream}:" not in dry and f"checkpoint {upstream}:" not in dry
+
+
+def test_sampled_generation_is_seeded_per_request(demo_run: Path) -> None:
+    """`generation.temperature` > 0 samples the training data: each request has its own seed
+    (from the sample id), so two runs, in any order, give the same answers, unlike greedy's."""
+    from eagleflow.generate import Sampling, generate_vllm, request_seed
+
+    records = list(responses(demo_run).values())[:8]
+    prompts = [r["prompt_token_ids"] for r in records]
+    seeds = [request_seed(0, r["id"]) for r in records]
+    sampling = Sampling(temperature=1.0, top_p=1.0, max_new_tokens=48, seed=0)
+    target = demo_run / "results/demo/target"
+    first = generate_vllm(target, prompts, seeds, sampling, max_model_len=1024)
+    order = list(reversed(range(len(prompts))))
+    again = generate_vllm(target, [prompts[i] for i in order], [seeds[i] for i in order],
+                          sampling, max_model_len=1024)  # fmt: skip
+    assert [again[order.index(i)].token_ids for i in range(len(prompts))] == [
+        c.token_ids for c in first
+    ]
+    greedy = [r["response_token_ids"][:48] for r in records]
+    differ = sum(c.token_ids[:48] != g for c, g in zip(first, greedy, strict=True))
+    print(f"T=1.0: {differ} of {len(prompts)} answers differ from the greedy ones")
+    assert differ >= len(prompts) // 2

