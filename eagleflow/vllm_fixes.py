@@ -41,7 +41,12 @@ _replaced: list = []  # vLLM's own kernel, once replaced in this process
 
 
 def expand_kernel_faulty() -> bool:
-    """Whether this vLLM's own CPU `expand_kernel` leaves a float output unwritten."""
+    """Whether this vLLM's own CPU `expand_kernel` leaves a float output unwritten (False
+    off CPU, where Triton's kernel runs)."""
+    from vllm.platforms import current_platform
+
+    if not current_platform.is_cpu():
+        return False
     import vllm._C  # noqa: F401 - registers the C++ kernels with torch.ops
     from vllm.utils import cpu_triton_utils
 
@@ -55,9 +60,7 @@ def expand_kernel_faulty() -> bool:
 def register() -> None:
     """vLLM general-plugin hook: runs in every vLLM process before its worker registers the
     CPU kernels."""
-    from vllm.platforms import current_platform
-
-    if not current_platform.is_cpu() or _replaced:
+    if _replaced:
         return
     try:
         from vllm.utils import cpu_triton_utils
