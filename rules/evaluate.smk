@@ -43,6 +43,7 @@ rule evaluate_serving:
         **engine_params("evaluate"),
         k=config["evaluate"]["serving_k"],
         temperatures=config["evaluate"]["temperatures"],
+        data_temperature=config["generation"]["temperature"],
         max_prompts=config["evaluate"]["max_prompts"],
         tolerance=config["evaluate"]["tolerance"],
         heldout_fraction=config["train"]["heldout_fraction"],

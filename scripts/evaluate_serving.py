@@ -20,6 +20,7 @@ if __name__ == "__main__":  # vLLM spawns worker processes that re-import this m
             heldout_fraction=params.heldout_fraction,
             k=params.k,
             temperatures=params.temperatures,
+            data_temperature=params.data_temperature,
             tolerance=params.tolerance,
             max_prompts=params.max_prompts,
             # [speed]: read from the config, not params, so changing them reruns nothing
@@ -29,4 +30,6 @@ if __name__ == "__main__":  # vLLM spawns worker processes that re-import this m
             max_model_len=params.max_model_len,
             engine_options=engine_options(snakemake.config, "evaluate"),
         )
+    for warning in report["warnings"]:
+        log.warning("%s", warning)
     log.info("%s", report)

@@ -70,6 +70,10 @@ def test_sampled_serving_is_lossless_and_agrees_with_its_offline_estimate(demo_r
     margin = report["tolerance"] + 3 * sampled["served_stderr"] / offline["mean_acceptance_length"]
     assert abs(sampled["relative_gap"]) <= margin
     assert served["mean_acceptance_length"] >= sampled["floor"]
+    # Greedy data (generation.temperature 0): the greedy figure is gated, the sampled one
+    # informs (a shortfall there would be a warning, not a failure).
+    assert report["data_temperature"] == 0.0 and report["warnings"] == []
+    assert report["by_temperature"]["0.0"]["gated"] and not sampled["gated"]
     assert lossless["lossless"] is True and lossless["prompts"] == served["prompts"]
     # The greedy record stays where readers of serving.json found it.
     assert report["served"] == report["by_temperature"]["0.0"]["served"]
