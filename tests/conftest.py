@@ -177,7 +177,9 @@ def demo_run_started(
 def demo_run(demo_run_started: DemoBuild | None) -> Path:
     """A working directory where the whole workflow ran once on the test config (started in
     the background by `demo_run_started`; this waits for it), shared by every test that needs
-    a trained target. `EAGLEFLOW_DEMO_RUN=/path` reuses a finished run while developing tests.
+    a trained target. Tests on both xdist workers read it at once: a test that changes anything
+    in it (even config.yaml for a dry run) works on `demo_copy` instead.
+    `EAGLEFLOW_DEMO_RUN=/path` reuses a finished run while developing tests.
     """
     if os.environ.get("EAGLEFLOW_DEMO_RUN"):
         return Path(os.environ["EAGLEFLOW_DEMO_RUN"])

@@ -54,17 +54,12 @@ def test_demo_shards_verify_clean_with_the_documented_attributes(demo_run: Path)
         assert attrs[key], key
 
 
-def test_changed_layer_ids_rerun_every_extract_job_only(demo_run: Path) -> None:
-    config = demo_run / "config.yaml"
-    original = config.read_text()
-    try:
-        write_config(demo_run, {"extract": {"aux_layer_ids": [1, 4, 6]}})
-        dry = run_snakemake(demo_run, "-n").stdout
-        write_config(demo_run, {"extract": {"aux_layer_ids": [2, 4, 8]}})
-        bad = run_snakemake(demo_run, "-n", check=False)
-    finally:
-        config.write_text(original)
-    stores = hidden_stores(demo_run)
+def test_changed_layer_ids_rerun_every_extract_job_only(demo_copy: Path) -> None:
+    write_config(demo_copy, {"extract": {"aux_layer_ids": [1, 4, 6]}})
+    dry = run_snakemake(demo_copy, "-n").stdout
+    write_config(demo_copy, {"extract": {"aux_layer_ids": [2, 4, 8]}})
+    bad = run_snakemake(demo_copy, "-n", check=False)
+    stores = hidden_stores(demo_copy)
     assert scheduled_outputs(dry, "results/") == sorted(
         [f"results/hidden/shard-{s}.{ext}" for s in stores for ext in ("zarr", "sha256")]
         + TRAINING_AND_DOWNSTREAM
@@ -120,15 +115,10 @@ def test_repaired_shard_that_comes_back_different_makes_its_dependants_stale(
     assert scheduled_outputs(dry, "results/") == sorted(TRAINING_AND_DOWNSTREAM)
 
 
-def test_changed_generation_key_reschedules_extraction_downstream(demo_run: Path) -> None:
-    config = demo_run / "config.yaml"
-    original = config.read_text()
-    try:
-        write_config(demo_run, {"generation": {"max_new_tokens": 200}})
-        dry = run_snakemake(demo_run, "-n").stdout
-    finally:
-        config.write_text(original)
-    assert len(scheduled_outputs(dry, "results/hidden/")) == 2 * len(hidden_stores(demo_run))
+def test_changed_generation_key_reschedules_extraction_downstream(demo_copy: Path) -> None:
+    write_config(demo_copy, {"generation": {"max_new_tokens": 200}})
+    dry = run_snakemake(demo_copy, "-n").stdout
+    assert len(scheduled_outputs(dry, "results/hidden/")) == 2 * len(hidden_stores(demo_copy))
 
 
 def test_servers_extract_every_shard_and_one_dying_mid_shard_is_named(

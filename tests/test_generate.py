@@ -92,15 +92,10 @@ def test_unreachable_server_is_one_clear_error(demo_run: Path, tmp_path: Path) -
     assert not list((tmp_path / "results/responses").glob("*.jsonl"))
 
 
-def test_changed_temperature_reruns_generation_only(demo_run: Path) -> None:
-    config = demo_run / "config.yaml"
-    original = config.read_text()
-    try:
-        write_config(demo_run, {"generation": {"temperature": 0.7}})
-        dry = run_snakemake(demo_run, "-n").stdout
-    finally:
-        config.write_text(original)
-    shards = json.loads((demo_run / "results/plan/plan.json").read_text())["shards"]
+def test_changed_temperature_reruns_generation_only(demo_copy: Path) -> None:
+    write_config(demo_copy, {"generation": {"temperature": 0.7}})
+    dry = run_snakemake(demo_copy, "-n").stdout
+    shards = json.loads((demo_copy / "results/plan/plan.json").read_text())["shards"]
     assert dry.count("rule generate:") == len(shards)
     assert "Params have changed since last execution" in dry
     for upstream in ("demo_target", "demo_prompts", "normalize_prompts", "plan"):

@@ -136,13 +136,8 @@ def test_two_torchrun_processes_follow_the_one_process_loss_curve(
         assert two == pytest.approx(one, rel=1e-3)
 
 
-def test_training_key_schedules_only_training(demo_run: Path) -> None:
-    config = demo_run / "config.yaml"
-    original = config.read_text()
-    try:
-        write_config(demo_run, {"train": {"learning_rate": 0.001}})
-        dry = run_snakemake(demo_run, "-n").stdout
-    finally:
-        config.write_text(original)
+def test_training_key_schedules_only_training(demo_copy: Path) -> None:
+    write_config(demo_copy, {"train": {"learning_rate": 0.001}})
+    dry = run_snakemake(demo_copy, "-n").stdout
     assert scheduled_outputs(dry, "results/") == sorted(TRAINING_AND_DOWNSTREAM)
     assert "Params have changed since last execution" in dry

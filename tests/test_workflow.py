@@ -48,7 +48,7 @@ def test_skipped_prompt_lines_are_counted(tmp_path: Path) -> None:
     assert "2 prompts kept from 5 lines: 1 duplicates dropped, 2 bad lines skipped" in log
 
 
-def test_demo_run_builds_target_prompts_and_responses(demo_run: Path) -> None:
+def test_demo_run_builds_target_prompts_and_responses(demo_run: Path, demo_copy: Path) -> None:
     target = demo_run / "results/demo/target"
     for name in ("config.json", "model.safetensors", "tokenizer.json", "generation_config.json"):
         assert (target / name).is_file(), name
@@ -68,13 +68,9 @@ def test_demo_run_builds_target_prompts_and_responses(demo_run: Path) -> None:
     # the same values in another key order.
     nothing = run_snakemake(demo_run, "-n")
     assert "Nothing to be done" in nothing.stdout + nothing.stderr
-    config = demo_run / "config.yaml"
-    original = config.read_text()
-    try:
-        config.write_text(yaml.safe_dump(yaml.safe_load(original), sort_keys=True))
-        reordered = run_snakemake(demo_run, "-n")
-    finally:
-        config.write_text(original)
+    config = demo_copy / "config.yaml"
+    config.write_text(yaml.safe_dump(yaml.safe_load(config.read_text()), sort_keys=True))
+    reordered = run_snakemake(demo_copy, "-n")
     assert "Nothing to be done" in reordered.stdout + reordered.stderr
 
 
