@@ -67,7 +67,8 @@ def main() -> None:
     output_arguments(parser, "acceptance")
     args = parser.parse_args()
 
-    from eagleflow.evaluate import offline_acceptance, serving_acceptance
+    from eagleflow.evaluate import offline_acceptance
+    from eagleflow.serving_check import serving_acceptance
 
     results = Path(args.results)
     shards = sorted(glob.glob(str(results / "hidden/shard-*.zarr")))

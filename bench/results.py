@@ -7,9 +7,10 @@ timings), each with its default (quick) arguments pointed at a finished demo run
 then renders every bench's stored rows: a section not run this time keeps its last figures,
 with their date. A script that fails keeps its earlier rows, marked with the failure, and the
 exit status is then 1. `faults` (kill -9 and corruption trials), `one_pass` (the workflow twice,
-three drafter trainings) and `fp8` (extraction, training and serving again with fp8 shards)
-are long and run only when named in `--only`; bench/gpu.py runs on a GPU machine and its
-stored rows are rendered like the others.
+three drafter trainings), `fp8` (extraction, training and serving again with fp8 shards),
+`recipes` (a drafter trained per recipe variant) and `peer` (speculators' trainer, then both
+drafters served) are long and run only when named in `--only`; bench/gpu.py runs on a GPU
+machine and its stored rows are rendered like the others.
 
     .venv/bin/python bench/results.py --results results       # the default benches, render
     .venv/bin/python bench/results.py --only fp8 --results RUN/results
@@ -82,6 +83,8 @@ BENCHES = [
         lambda a: ["--shard", str(a.results / "hidden/shard-00000.zarr"), "--rounds", "15"],
     ),
     Bench("fp8", reference_args, by_default=False),
+    Bench("recipes", results_args, by_default=False),
+    Bench("peer", results_args, by_default=False),
     Bench(
         "faults",
         lambda a: ["--reference", str(a.faults_reference)] if a.faults_reference else [],

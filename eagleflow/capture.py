@@ -25,7 +25,12 @@ from typing import Any
 import numpy as np
 import torch
 
-from eagleflow.engine import LLVMLITE_SCAN_BUG, default_enforce_eager, in_process_core_blocked
+from eagleflow.engine import (
+    LLVMLITE_SCAN_BUG,
+    default_enforce_eager,
+    in_process_core_blocked,
+    trusts_remote_code,
+)
 from eagleflow.extract import new_shard_writer, shard_summary
 from eagleflow.files import read_jsonl, write_jsonl
 from eagleflow.generate import (
@@ -206,13 +211,11 @@ def generate_and_capture_shard(
         urls = server_urls(server_url)
         if not urls:
             raise InputError("generation.server_url: required when generation.backend is 'server'")
-        server_url, _ = first_live_server(urls, "generation")
+        server_url = first_live_server(urls, "generation")
         attrs = {**attrs, "server_url": server_url}
         failures = failures_named(server_url, "generation")
     requests = read_jsonl(requests_path)
-    tokenizer = target_tokenizer(
-        model_dir, trust_remote_code=bool((engine_options or {}).get("trust_remote_code"))
-    )
+    tokenizer = target_tokenizer(model_dir, trust_remote_code=trusts_remote_code(engine_options))
     start = time.monotonic()
     with (
         failures,

@@ -1,8 +1,9 @@
 """Known causes of served-acceptance collapse, checked against the artifacts.
 
 Each check compares what the export tells the engine with what the data and the training used:
-layer ids (vLLM silently falls back to defaults when they are missing), the residual-norm flag
-(speculators-format readers default it to True), the d2t convention (offsets, not absolute ids;
+layer ids (vLLM silently falls back to defaults when they are missing), the architecture flags
+against those the drafter was trained with (speculators-format readers default
+norm_before_residual to True), the d2t convention (offsets, not absolute ids;
 without d2t vLLM maps draft id i to target id i), the vocab sizes, and the target and chat
 template the data was made with.
 """
@@ -16,6 +17,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file
 
+from eagleflow.export import RECIPE_FLAGS
 from eagleflow.fingerprint import target_fingerprint, tokenizer_fingerprint
 from eagleflow.shards import open_shard
 from eagleflow.target_config import target_text_config
@@ -42,13 +44,17 @@ def diagnose_export(
     elif list(export_ids) != data_ids:
         problems.append(f"layer ids: the export says {export_ids}, the data holds {data_ids}")
 
-    if "norm_before_residual" not in config:
-        problems.append("norm flag: norm_before_residual missing (trained with false)")
-    elif config["norm_before_residual"] is not False:
-        problems.append(
-            f"norm flag: norm_before_residual is {config['norm_before_residual']} "
-            "but the drafter was trained with false"
-        )
+    trained = config.get("eagleflow", {}).get("trained_with", {})
+    for name in RECIPE_FLAGS:
+        if name not in config:
+            problems.append(f"norm flag: {name} missing (trained with {trained.get(name)})")
+        elif name in trained and config[name] != trained[name]:
+            problems.append(
+                f"norm flag: {name} is {config[name]} but the drafter was trained with "
+                f"{trained[name]}"
+            )
+    if bool(config.get("norm_before_fc")) != ("input_norm.weight" in tensors):
+        problems.append("norm flag: norm_before_fc disagrees with the presence of input_norm")
 
     d2t, t2d = tensors.get("d2t"), tensors.get("t2d")
     if d2t is None:

@@ -44,9 +44,15 @@ class DrafterConfig:
     draft_vocab_size: int
     num_aux: int
     target_hidden_size: int
+    # Recipe flags, by the names vLLM's llama_eagle3 reads (all False: the original EAGLE-3).
+    norm_before_fc: bool = False  # RMSNorm over the concatenated aux states before fc
+    norm_before_residual: bool = False  # the residual is the hidden input after hidden_norm
+    norm_output: bool = False  # chain steps feed back the post-norm output
 
     @classmethod
-    def from_target(cls, model_dir: str | Path, draft_vocab_size: int, num_aux: int):
+    def from_target(
+        cls, model_dir: str | Path, draft_vocab_size: int, num_aux: int, **flags: bool
+    ) -> DrafterConfig:
         """Attention/MLP shapes of one target decoder layer, sized for the draft vocab."""
         config = target_text_config(model_dir)
         heads = int(config["num_attention_heads"])
@@ -65,6 +71,7 @@ class DrafterConfig:
             draft_vocab_size=draft_vocab_size,
             num_aux=num_aux,
             target_hidden_size=hidden,
+            **flags,
         )
 
     def to_dict(self) -> dict:
@@ -153,8 +160,8 @@ class MLP(nn.Module):
 
 
 class MidLayer(nn.Module):
-    """vLLM's EAGLE-3 first decoder layer with norm_before_residual = False: the residual is
-    the hidden input before hidden_norm."""
+    """vLLM's EAGLE-3 first decoder layer: the residual is the hidden input, before hidden_norm
+    or (norm_before_residual) after it."""
 
     def __init__(self, cfg: DrafterConfig) -> None:
         super().__init__()
@@ -163,6 +170,7 @@ class MidLayer(nn.Module):
         self.self_attn = Attention(cfg)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.mlp = MLP(cfg)
+        self.norm_before_residual = cfg.norm_before_residual
 
     def forward(
         self,
@@ -171,8 +179,9 @@ class MidLayer(nn.Module):
         positions: torch.Tensor,
         cache: list[tuple[torch.Tensor, ...]],
     ) -> torch.Tensor:
-        residual = hidden
-        x = torch.cat([self.input_layernorm(embeds), self.hidden_norm(hidden)], -1)
+        normed = self.hidden_norm(hidden)
+        residual = normed if self.norm_before_residual else hidden
+        x = torch.cat([self.input_layernorm(embeds), normed], -1)
         residual = residual + self.self_attn(x, positions, cache)
         return residual + self.mlp(self.post_attention_layernorm(residual))
 
@@ -181,7 +190,10 @@ class Eagle3Drafter(nn.Module):
     def __init__(self, cfg: DrafterConfig, d2t: torch.Tensor, t2d: torch.Tensor) -> None:
         super().__init__()
         self.cfg = cfg
-        self.fc = nn.Linear(cfg.num_aux * cfg.target_hidden_size, cfg.hidden_size, bias=False)
+        fc_input = cfg.num_aux * cfg.target_hidden_size
+        if cfg.norm_before_fc:
+            self.input_norm = RMSNorm(fc_input, cfg.rms_norm_eps)
+        self.fc = nn.Linear(fc_input, cfg.hidden_size, bias=False)
         self.midlayer = MidLayer(cfg)
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.lm_head = nn.Linear(cfg.hidden_size, cfg.draft_vocab_size, bias=False)
@@ -192,22 +204,28 @@ class Eagle3Drafter(nn.Module):
         self, aux: torch.Tensor, input_ids: torch.Tensor, embed: nn.Embedding, steps: int
     ) -> list[torch.Tensor]:
         """Pre-norm outputs [B, T, H] of each chain step; slot t of step k predicts token t+2+k
-        (its logits: `self.logits(output)`, computed by the loss only where it counts).
+        (its logits: `self.logits(output)`, computed by the loss only where it counts). The next
+        step is fed the output, or with norm_output its normed form, as vLLM's proposer does.
 
         aux [B, T, A*H] from the target; input_ids [B, T]; `embed` the frozen target embedding.
         Tokens past the end are padded with id 0: their slots are masked by the loss.
         """
         length = input_ids.shape[1]
-        hidden = self.fc(aux)
+        hidden = self.fuse(aux)
         cache: list[tuple[torch.Tensor, ...]] = []
         outputs = []
         for step in range(steps):
             shift = 1 + step
             tokens = F.pad(input_ids[:, shift:], (0, min(shift, length)))[:, :length]
             positions = torch.arange(length) + step
-            hidden = self.midlayer(embed(tokens), hidden, positions, cache)
-            outputs.append(hidden)
+            output = self.midlayer(embed(tokens), hidden, positions, cache)
+            outputs.append(output)
+            hidden = self.norm(output) if self.cfg.norm_output else output
         return outputs
+
+    def fuse(self, aux: torch.Tensor) -> torch.Tensor:
+        """The hidden input of step 0 from the target's concatenated aux states."""
+        return self.fc(self.input_norm(aux) if self.cfg.norm_before_fc else aux)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Draft-vocab logits of pre-norm outputs."""

@@ -81,6 +81,11 @@ def engine_options(config: Mapping[str, Any], stage: str | None = None) -> dict[
     return dict(sorted(merged.items()))
 
 
+def trusts_remote_code(options: Mapping[str, Any] | None) -> bool:
+    """Whether these engine options load the target's own code (target.trust_remote_code)."""
+    return bool((options or {}).get("trust_remote_code"))
+
+
 def state_options(options: Mapping[str, Any]) -> dict[str, Any]:
     """The options that change the computed states (rule params: a change reruns the job)."""
     return {k: v for k, v in options.items() if k not in (*LAYOUT_OPTIONS, *LOAD_OPTIONS)}

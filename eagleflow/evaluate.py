@@ -1,4 +1,5 @@
-"""Acceptance of the exported drafter: offline chain simulation and measured inside vLLM.
+"""Offline acceptance of the exported drafter: the chain simulated on held-out samples (served
+in vLLM: eagleflow/serving_check.py).
 
 Offline: on held-out samples, the drafter proposes K tokens from every verified position, the
 target's own next tokens (the stored responses) accept the longest matching prefix, and the
@@ -14,10 +15,8 @@ served value should lie between them (up to greedy near-ties).
 
 from __future__ import annotations
 
-import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 import torch
 
@@ -27,12 +26,8 @@ from eagleflow.files import write_json
 from eagleflow.loader import list_samples
 from eagleflow.logs import InputError
 from eagleflow.sampled import (
-    ACCEPTANCE_SIGMAS,
     WALKS,
-    acceptance_length_stderr,
     acceptance_probabilities,
-    engine_fault,
-    lossless_verdict,
     walk_expected,
 )
 from eagleflow.shards import open_shard
@@ -156,230 +151,7 @@ def heldout_prompts(
     return prompts
 
 
-def serving_acceptance(
-    export_dir: str | Path,
-    shard_paths: Sequence[str | Path],
-    target: str | Path,
-    *,
-    heldout_fraction: float,
-    k: int,
-    max_tokens: int,
-    max_model_len: int,
-    max_prompts: int | None = None,
-    temperatures: Sequence[float] = (0.0,),
-    compare_plain: bool = True,
-    engine_options: Mapping[str, Any] | None = None,
-    server_url: str | None = None,
-) -> dict:
-    """Generation of the held-out prompts in vLLM with the drafter at each of `temperatures`
-    (prompt i seeded i) and, with `compare_plain`, without it: the speed-up, identical greedy
-    outputs, and at T > 0 whether the drafter left the output distribution as the target's
-    (eagleflow/sampled.py); `engine_options`: the user's, for both engines. With `server_url`
-    (a vLLM server serving the target with the drafter) no engine is built here and nothing
-    is compared without the drafter. Returns the first temperature's figures at the top level,
-    every temperature's under `by_temperature`."""
-    from eagleflow.spec_decode import Served, eagle3_config, generate_with_drafter_server, serve
-
-    temperatures = [float(t) for t in temperatures]
-    prompts = heldout_prompts(shard_paths, heldout_fraction, max_prompts)
-    start = time.perf_counter()
-    if server_url:
-        runs = [
-            generate_with_drafter_server(
-                server_url, prompts, num_speculative_tokens=k, max_tokens=max_tokens,
-                temperature=t,
-            )
-            for t in temperatures
-        ]  # fmt: skip
-        spec = {t: Served(*run) for t, run in zip(temperatures, runs, strict=True)}
-        compare_plain = False
-    else:
-        spec, _ = serve(
-            target, prompts, max_tokens=max_tokens, max_model_len=max_model_len,
-            temperatures=temperatures, options=engine_options,
-            speculative_config=eagle3_config(export_dir, k),
-        )  # fmt: skip
-    by_temperature = {}
-    for t, run in spec.items():
-        acceptance = run.acceptance
-        by_temperature[str(t)] = {
-            "served_by": server_url or "in-process vLLM engine",
-            "prompts": len(prompts),
-            "k": k,
-            "temperature": t,
-            "drafts": acceptance.drafts,
-            "draft_tokens": acceptance.draft_tokens,
-            "accepted": acceptance.accepted_tokens,
-            "mean_acceptance_length": acceptance.mean_acceptance_length,
-            "per_position": acceptance.per_position_rate,
-            "tokens_per_s": {"with_drafter": sum(map(len, run.outputs)) / run.seconds},
-        }
-    if compare_plain:
-        plain, scored = serve(
-            target, prompts, max_tokens=max_tokens, max_model_len=max_model_len,
-            temperatures=temperatures, options=engine_options,
-            score={t: run.outputs for t, run in spec.items() if t > 0},
-        )  # fmt: skip
-        for t, run in plain.items():
-            record = by_temperature[str(t)]
-            record["tokens_per_s"]["without_drafter"] = sum(map(len, run.outputs)) / run.seconds
-            if t == 0:  # greedy with and without speculation agree but for rare bf16 near-ties
-                record["identical_outputs"] = sum(
-                    a == b for a, b in zip(run.outputs, spec[t].outputs, strict=True)
-                )
-            else:
-                record["lossless"] = lossless_verdict(scored[t], run.loglik or [])
-    else:
-        for t in temperatures:
-            if t > 0:
-                by_temperature[str(t)]["lossless"] = {
-                    "lossless": None,
-                    "reason": "not checked: no run without the drafter (server backend or "
-                    "compare_plain: false)",
-                }
-    report = {
-        **by_temperature[str(temperatures[0])],
-        "by_temperature": by_temperature,
-        "seconds": time.perf_counter() - start,
-    }
-    return report
-
-
 def write_offline(out_path: str | Path, **kwargs) -> dict:
     report = offline_acceptance(**kwargs)
-    write_json(out_path, report)
-    return report
-
-
-class ServingCheckFailed(InputError):
-    """Served acceptance fell short of the offline estimate, or the export has a known fault."""
-
-
-def serving_check(
-    out_path: str | Path,
-    *,
-    offline: dict,
-    export_dir: str | Path,
-    shard_paths: Sequence[str | Path],
-    target: str | Path,
-    heldout_fraction: float,
-    k: int,
-    tolerance: float,
-    max_prompts: int | None,
-    max_tokens: int,
-    max_model_len: int,
-    temperatures: Sequence[float] = (0.0,),
-    data_temperature: float = 0.0,
-    compare_plain: bool = True,
-    engine_options: Mapping[str, Any] | None = None,
-    server_url: str | None = None,
-) -> dict:
-    """Measure served acceptance at each of `temperatures` (in vLLM engines built here, or on
-    the vLLM server at `server_url`); write the report only when the drafter passes.
-
-    It fails when served mean acceptance length at some temperature is below that
-    temperature's offline (answer-only) estimate by more than `tolerance` (relative), when the
-    estimate is comparable: the data were generated at that temperature (`data_temperature`,
-    the config's generation.temperature; the walk follows the data's contexts, and a drafter
-    served at another temperature meets contexts it was not trained on, so the estimate there
-    only informs: a shortfall is a warning in the report and the log). It also fails when the
-    outputs sampled with the drafter are not distributed as the target's own (an engine fault:
-    a drafter cannot change them in a correct engine), or when a diagnostic finds a known
-    fault in the export; the findings go into the error and into `<out>.rejected.json`.
-    """
-    from eagleflow.diagnose import diagnose_export
-
-    if str(k) not in offline["by_k"]:
-        raise InputError(
-            f"evaluate.serving_k: {k} is not among the offline ks {list(offline['by_k'])}"
-        )
-    missing = [t for t in temperatures if str(float(t)) not in offline.get("by_temperature", {})]
-    if missing:
-        raise InputError(
-            f"evaluate.temperatures: no offline estimate at {missing}; rerun evaluate_offline"
-        )
-    from eagleflow.spec_decode import cpu_serving_blocked
-
-    blocked = None if server_url else cpu_serving_blocked(target)
-    if blocked:
-        raise InputError(f"serving check: {blocked}")
-    problems = diagnose_export(export_dir, shard_paths, target)
-    temperatures = [float(t) for t in temperatures]
-    try:
-        served = serving_acceptance(
-            export_dir, shard_paths, target, heldout_fraction=heldout_fraction, k=k,
-            max_tokens=max_tokens, max_model_len=max_model_len, max_prompts=max_prompts,
-            temperatures=temperatures, compare_plain=compare_plain,
-            engine_options=engine_options, server_url=server_url,
-        )  # fmt: skip
-    except InputError:  # the server serves no drafter, or another K: the user's to fix
-        raise
-    except Exception as err:  # a broken export can crash the engine: still name the cause
-        served = {"error": f"{type(err).__name__}: {err}", "mean_acceptance_length": 0.0}
-    failures, warnings, by_temperature = [], [], {}
-    for t in temperatures:
-        estimate = offline["by_temperature"][str(t)]["by_k"][str(k)]
-        record = served.get("by_temperature", {}).get(str(t), served)
-        mal = record["mean_acceptance_length"]
-        floor = estimate["mean_acceptance_length"] * (1 - tolerance)
-        noise = 0.0
-        if t > 0 and "error" not in served:  # a sampled figure: allow for its own spread
-            noise = acceptance_length_stderr(record["per_position"], record["drafts"])
-            floor -= ACCEPTANCE_SIGMAS * noise
-        by_temperature[str(t)] = {
-            "served": record,
-            "offline": estimate,
-            "relative_gap": mal / estimate["mean_acceptance_length"] - 1,
-            "served_stderr": noise,
-            "floor": floor,
-        }
-        gated = t == data_temperature or "error" in served
-        by_temperature[str(t)]["gated"] = gated
-        if mal < floor:
-            measured = served.get("error") or f"served mean acceptance length {mal:.3f}"
-            shortfall = (
-                f"T={t:g}: {measured} (K={k}) vs offline "
-                f"{estimate['mean_acceptance_length']:.3f} (floor {floor:.3f})"
-            )
-            if gated:
-                failures.append(shortfall)
-            else:
-                warnings.append(
-                    f"{shortfall}, not gated: the data were generated at "
-                    f"T={data_temperature:g} (generation.temperature) and the estimate walks "
-                    "their contexts; served sampled, the drafter meets contexts it was not "
-                    f"trained on. Generate at T={t:g} to train for it and to gate it"
-                )
-        lossless = record.get("lossless") or {}
-        if lossless.get("lossless") is False:
-            prompts = heldout_prompts(shard_paths, heldout_fraction, max_prompts)
-            finding = engine_fault(
-                target, prompts, t, max_tokens=max_tokens, max_model_len=max_model_len,
-                options=engine_options,
-            )  # fmt: skip
-            failures.append(
-                f"T={t:g}: outputs sampled with the drafter are not the target's own (target "
-                f"log-likelihood {lossless['loglik_with_drafter']:.3f} vs "
-                f"{lossless['loglik_without_drafter']:.3f} nats/token without it, "
-                f"{abs(lossless['gap']) / max(lossless['stderr'], 1e-9):.0f} standard errors): "
-                + finding
-            )
-    first = by_temperature[str(temperatures[0])]
-    report = {
-        **first,
-        "by_temperature": by_temperature,
-        "tolerance": tolerance,
-        "data_temperature": data_temperature,
-        "warnings": warnings,
-        "diagnostics": problems,
-    }
-    out_path = Path(out_path)
-    if failures or problems:
-        write_json(out_path.with_suffix(".rejected.json"), report)
-        raise ServingCheckFailed(
-            "serving check failed: " + "; ".join(failures or ["acceptance within tolerance"])
-            + "; diagnostics: " + ("; ".join(problems) if problems else "no known cause found")
-        )  # fmt: skip
-    out_path.with_suffix(".rejected.json").unlink(missing_ok=True)
     write_json(out_path, report)
     return report

@@ -55,6 +55,15 @@ def llama_layer_config(cfg: DrafterConfig) -> dict:
     }
 
 
+# Architecture flags vLLM reads from the config; each written explicitly (an absent
+# norm_before_residual reads as True in the speculators format).
+RECIPE_FLAGS = ("norm_before_fc", "norm_before_residual", "norm_output")
+
+
+def recipe_flags(cfg: DrafterConfig) -> dict[str, bool]:
+    return {name: bool(getattr(cfg, name)) for name in RECIPE_FLAGS}
+
+
 def drafter_config(config: dict, tensors: dict[str, torch.Tensor]) -> DrafterConfig:
     """The DrafterConfig a vLLM export's config.json was written from (`vllm_config`)."""
     return DrafterConfig(
@@ -70,6 +79,7 @@ def drafter_config(config: dict, tensors: dict[str, torch.Tensor]) -> DrafterCon
         draft_vocab_size=config["draft_vocab_size"],
         num_aux=tensors["fc.weight"].shape[1] // config["target_hidden_size"],
         target_hidden_size=config["target_hidden_size"],
+        **{name: bool(config.get(name, False)) for name in RECIPE_FLAGS},
     )
 
 
@@ -81,7 +91,9 @@ def vllm_config(model: torch.nn.Module, aux_layer_ids: list[int]) -> dict:
         "draft_vocab_size": cfg.draft_vocab_size,
         "target_hidden_size": cfg.target_hidden_size,
         "eagle_aux_hidden_state_layer_ids": list(aux_layer_ids),
-        "norm_before_residual": False,
+        **recipe_flags(cfg),
+        # What the drafter was trained with, for the diagnosis of an edited config.
+        "eagleflow": {"trained_with": recipe_flags(cfg)},
         "eagle_config": {
             "use_aux_hidden_state": True,
             "eagle_aux_hidden_state_layer_ids": [i - 1 for i in aux_layer_ids],  # SGLang ids
@@ -127,7 +139,7 @@ def speculators_config(
         "draft_vocab_size": cfg.draft_vocab_size,
         "target_hidden_size": cfg.target_hidden_size,
         "eagle_aux_hidden_state_layer_ids": list(aux_layer_ids),
-        "norm_before_residual": False,
+        **recipe_flags(cfg),
         "torch_dtype": "bfloat16",
         "transformer_layer_config": llama_layer_config(cfg),
         "speculators_config": {

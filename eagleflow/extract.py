@@ -30,7 +30,7 @@ import numpy as np
 import requests
 import torch
 
-from eagleflow.engine import LLVMLITE_SCAN_BUG, in_process_core_blocked
+from eagleflow.engine import LLVMLITE_SCAN_BUG, in_process_core_blocked, trusts_remote_code
 from eagleflow.extract_hf import extract_hf
 from eagleflow.files import read_jsonl
 from eagleflow.fingerprint import target_fingerprint, tokenizer_fingerprint
@@ -315,7 +315,7 @@ def extract_shard(
         urls = server_urls(server_url)
         if not urls:
             raise InputError("extract.server_url: required when extract.backend is 'server'")
-        server_url, _ = first_live_server(urls, "extraction")
+        server_url = first_live_server(urls, "extraction")
         attrs = {**(attrs or {}), "server_url": server_url}  # which server computed the states
     if backend == "vllm" and in_process_core_blocked(model_dir):
         log.warning(
@@ -350,7 +350,7 @@ def extract_shard(
                 options=engine_options,
             )
         else:
-            trust = bool((engine_options or {}).get("trust_remote_code"))
+            trust = trusts_remote_code(engine_options)
             seconds = extract_hf(
                 model_dir, samples, writer, batch_tokens=batch_tokens, trust_remote_code=trust
             )

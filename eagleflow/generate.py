@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from eagleflow.engine import trusts_remote_code
 from eagleflow.files import read_jsonl, write_jsonl
 from eagleflow.hf_target import load_causal_lm
 from eagleflow.logs import InputError
@@ -237,13 +238,13 @@ def generate_completions(
     if backend == "vllm":
         return generate_vllm(model_dir, prompt_ids, seeds, sampling, max_model_len, engine_options)
     if backend == "hf":
-        trust = bool((engine_options or {}).get("trust_remote_code"))
+        trust = trusts_remote_code(engine_options)
         return generate_hf(model_dir, prompt_ids, seeds, sampling, trust_remote_code=trust)
     if backend == "server":
         urls = server_urls(server_url)
         if not urls:
             raise InputError("generation.server_url: required when generation.backend is 'server'")
-        url, _ = first_live_server(urls, "generation")
+        url = first_live_server(urls, "generation")
         with failures_named(url, "generation"):
             return generate_server(url, prompt_ids, seeds, sampling, concurrency=server_concurrency)
     raise InputError(f"generation.backend: unknown backend {backend!r} (vllm, server, hf)")
@@ -314,9 +315,7 @@ def generate_shard(
         engine_options=engine_options,
     )
     seconds = time.monotonic() - start
-    tokenizer = target_tokenizer(
-        model_dir, trust_remote_code=bool((engine_options or {}).get("trust_remote_code"))
-    )
+    tokenizer = target_tokenizer(model_dir, trust_remote_code=trusts_remote_code(engine_options))
     records, truncated = response_records(requests, completions, tokenizer, on_truncated)
     write_jsonl(out_path, records)
     generated = sum(len(c.token_ids) for c in completions)

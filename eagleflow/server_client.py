@@ -147,13 +147,14 @@ def servers_for_shard(urls: Sequence[str], shard: str) -> list[str]:
     return [*urls[start:], *urls[:start]]
 
 
-def first_live_server(urls: Sequence[str], purpose: str) -> tuple[str, str]:
-    """(url, model name) of the first server in `urls` that answers; the ones that do not are
+def first_live_server(urls: Sequence[str], purpose: str) -> str:
+    """The first server in `urls` that answers (lists a model); the ones that do not are
     logged. One InputError naming every server when none answers."""
     failures = []
     for url in urls:
         try:
-            return url, server_model_name(url, purpose=purpose)
+            server_model_name(url, purpose=purpose)
+            return url
         except InputError as err:
             failures.append(str(err))
             if len(urls) > 1:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import re
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -58,6 +58,20 @@ class Acceptance:
             accepted_per_position=[a - b for a, b in zip(now, before, strict=True)],
         )
 
+    @classmethod
+    def summed(cls, samples: Iterable[tuple[str, int | None, int]]) -> Acceptance:
+        """Sum counter samples (name without `vllm:spec_decode_num_`, draft position or None,
+        value) over engines and labels."""
+        totals = {"drafts": 0, "draft_tokens": 0, "accepted_tokens": 0}
+        per_position: dict[int, int] = {}
+        for name, position, value in samples:
+            if name in totals:
+                totals[name] += value
+            elif name == "accepted_tokens_per_pos" and position is not None:
+                per_position[position] = per_position.get(position, 0) + value
+        positions = [per_position[i] for i in sorted(per_position)]
+        return cls(**totals, accepted_per_position=positions)
+
     @property
     def per_position_rate(self) -> list[float]:
         drafts = self.drafts or float("nan")
@@ -65,18 +79,17 @@ class Acceptance:
 
 
 def spec_decode_counters(metrics: list) -> Acceptance:
-    """Sum vLLM's `vllm:spec_decode_*` counters (over engines/labels) from `llm.get_metrics()`."""
-    totals = {"drafts": 0, "draft_tokens": 0, "accepted_tokens": 0}
-    per_position: list[int] = []
-    for metric in metrics:
-        name = metric.name.removeprefix("vllm:spec_decode_num_")
-        if name in totals:
-            totals[name] += int(metric.value)
-        elif name == "accepted_tokens_per_pos":
-            values = list(metric.values)
-            per_position += [0] * (len(values) - len(per_position))
-            per_position = [a + b for a, b in zip(per_position, values, strict=True)]
-    return Acceptance(**totals, accepted_per_position=per_position)
+    """vLLM's `vllm:spec_decode_*` counters from `llm.get_metrics()`."""
+
+    def samples() -> Iterator[tuple[str, int | None, int]]:
+        for metric in metrics:
+            name = metric.name.removeprefix("vllm:spec_decode_num_")
+            if name == "accepted_tokens_per_pos":
+                yield from ((name, i, int(v)) for i, v in enumerate(metric.values))
+            elif hasattr(metric, "value"):
+                yield name, None, int(metric.value)
+
+    return Acceptance.summed(samples())
 
 
 @dataclass(frozen=True)
@@ -154,16 +167,16 @@ def score_outputs(
     from vllm import SamplingParams, TokensPrompt
 
     params = SamplingParams(max_tokens=1, prompt_logprobs=0, detokenize=False)
-    pairs = [(p, o) for p, o in zip(prompt_token_ids, outputs, strict=True)]
+    pairs = list(zip(prompt_token_ids, outputs, strict=True))
     scored = llm.generate(
         [TokensPrompt(prompt_token_ids=p + o) for p, o in pairs if o], params, use_tqdm=False
     )
-    means, results = iter(scored), []
+    prefills, results = iter(scored), []
     for prompt, output in pairs:
         if not output:
             results.append(float("nan"))
             continue
-        logprobs = next(means).prompt_logprobs[len(prompt) :]
+        logprobs = next(prefills).prompt_logprobs[len(prompt) :]
         tokens = [step[token].logprob for step, token in zip(logprobs, output, strict=True)]
         results.append(sum(tokens) / len(tokens))
     return results
@@ -224,17 +237,12 @@ def server_counters(url: str) -> Acceptance:
     import requests
 
     text = requests.get(f"{url.rstrip('/')}/metrics", timeout=30).text
-    totals = {"drafts": 0, "draft_tokens": 0, "accepted_tokens": 0}
-    per_position: dict[int, int] = {}
+    samples = []
     for match in COUNTER_LINE.finditer(text):
-        name, labels, value = match.group(1), match.group(2) or "", int(float(match.group(3)))
-        if name in totals:
-            totals[name] += value
-        elif name == "accepted_tokens_per_pos" and (position := POSITION.search(labels)):
-            index = int(position.group(1))
-            per_position[index] = per_position.get(index, 0) + value
-    positions = [per_position[i] for i in sorted(per_position)]
-    return Acceptance(**totals, accepted_per_position=positions)
+        position = POSITION.search(match.group(2) or "")
+        index = int(position.group(1)) if position else None
+        samples.append((match.group(1), index, int(float(match.group(3)))))
+    return Acceptance.summed(samples)
 
 
 def generate_with_drafter_server(

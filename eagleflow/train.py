@@ -12,7 +12,6 @@ import csv
 import hashlib
 import json
 import logging
-import math
 import os
 import shutil
 import subprocess
@@ -27,12 +26,13 @@ import torch
 import torch.distributed as dist
 
 from eagleflow.drafter import DrafterConfig, Eagle3Drafter, TargetHead, load_target_head
-from eagleflow.export import export_speculators, export_vllm
+from eagleflow.export import RECIPE_FLAGS, export_speculators, export_vllm
 from eagleflow.files import atomic_output
 from eagleflow.loader import TrainBatches, list_samples, make_loader, pack_batches, window_tokens
 from eagleflow.logs import InputError, setup_job_logging
 from eagleflow.precision import native_bf16
 from eagleflow.progress import token_progress
+from eagleflow.recipe import build_optimizer, init_head_from_target, lr_at
 from eagleflow.shards import open_shard
 from eagleflow.vocab import draft_to_target_ids, load_vocab_map
 
@@ -67,6 +67,15 @@ class TrainSettings:
     num_speculative_tokens: int = 3
     # Drafter matmuls under bf16 autocast (fp32 weights), "fp32", or "auto": bf16 where native.
     precision: str = "auto"
+    # The recipe (see eagleflow/recipe.py and bench/recipes.py): drafter architecture flags by
+    # vLLM's names, how the lm_head starts and whether it trains, optimizer, schedule.
+    norm_before_fc: bool = False
+    norm_before_residual: bool = False
+    norm_output: bool = False
+    lm_head_init: str = "random"
+    freeze_lm_head: bool = False
+    optimizer: str = "adamw"
+    lr_schedule: str = "cosine"
     threads: int = 0  # torch threads per process; 0 = leave torch's choice
 
     def fingerprint(self) -> str:
@@ -163,13 +172,11 @@ def _on(batch: dict, device: torch.device) -> dict:
     return {k: v.to(device) if torch.is_tensor(v) else v for k, v in batch.items()}
 
 
-def lr_at(step: int, s: TrainSettings) -> float:
-    """Linear warmup, then cosine decay to min_lr_ratio of the peak."""
-    if step < s.warmup_steps:
-        return s.learning_rate * (step + 1) / s.warmup_steps
-    progress = (step - s.warmup_steps) / max(1, s.steps - s.warmup_steps)
-    cosine = 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
-    return s.learning_rate * (s.min_lr_ratio + (1 - s.min_lr_ratio) * cosine)
+def learning_rate(step: int, s: TrainSettings) -> float:
+    return lr_at(
+        step, peak=s.learning_rate, warmup=s.warmup_steps, total=s.steps,
+        min_ratio=s.min_lr_ratio, schedule=s.lr_schedule,
+    )  # fmt: skip
 
 
 def _batch_terms(
@@ -298,11 +305,15 @@ def train_drafter(s: TrainSettings) -> dict[str, float]:
     if device.type == "cuda":
         torch.cuda.set_device(device)
     draft_ids = draft_to_target_ids(d2t).to(device)
-    cfg = DrafterConfig.from_target(s.target, draft_vocab_size=len(d2t), num_aux=len(aux_ids))
+    flags = {name: getattr(s, name) for name in RECIPE_FLAGS}
+    cfg = DrafterConfig.from_target(s.target, len(d2t), len(aux_ids), **flags)
     head = load_target_head(s.target).to(device)
     model = Eagle3Drafter(cfg, d2t, t2d).to(device)
-    optimizer = torch.optim.AdamW(
-        model.parameters(), lr=s.learning_rate, weight_decay=s.weight_decay, betas=(0.9, 0.95)
+    if s.lm_head_init == "target":
+        init_head_from_target(model, head.norm.weight, head.lm_head, draft_ids)
+    model.lm_head.weight.requires_grad_(not s.freeze_lm_head)
+    optimizer = build_optimizer(
+        model, name=s.optimizer, lr=s.learning_rate, weight_decay=s.weight_decay
     )
     checkpoint_dir = Path(s.checkpoint_dir)
     checkpoint_dir.mkdir(parents=True, exist_ok=True)
@@ -347,7 +358,7 @@ def train_drafter(s: TrainSettings) -> dict[str, float]:
         for batch in loader:
             batch = _on(batch, device)
             for group in optimizer.param_groups:
-                group["lr"] = lr_at(step, s)
+                group["lr"] = learning_rate(step, s)
             if "empty" in batch:  # no sample for this rank in a small global batch
                 # DDP all-reduces the gradients of a backward that follows a forward through the
                 # wrapped model, on every rank: a padding-only sample gives zero terms (a backward
@@ -374,7 +385,7 @@ def train_drafter(s: TrainSettings) -> dict[str, float]:
                 row = {
                     "step": step,
                     "split": "train",
-                    "lr": lr_at(step - 1, s),
+                    "lr": learning_rate(step - 1, s),
                     "loss": float(global_loss),
                     "tokens_per_s": rate_tokens / elapsed,
                 }

@@ -1,10 +1,10 @@
-"""Snakemake entry: acceptance served in vLLM, and the serving check (see eagleflow.evaluate)."""
+"""Snakemake entry: served acceptance and the serving check (see eagleflow.serving_check)."""
 
 import json
 
 from eagleflow.engine import engine_options
-from eagleflow.evaluate import serving_check
 from eagleflow.logs import log_job_errors, setup_job_logging
+from eagleflow.serving_check import serving_check
 
 if __name__ == "__main__":  # vLLM spawns worker processes that re-import this module
     log = setup_job_logging(snakemake.log[0])

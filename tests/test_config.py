@@ -108,6 +108,21 @@ def test_schema_lists_exactly_the_codecs_the_writer_knows() -> None:
     assert sorted(codec["enum"]) == sorted(CODECS) and codec["default"] == DEFAULT_CODEC
 
 
+def test_schema_train_keys_are_the_trainers_settings_with_its_choices() -> None:
+    """Every `train` key reaches TrainSettings (scripts/train.py passes them as they are), and the
+    recipe enums repeat eagleflow.recipe's choices: they must not drift."""
+    from dataclasses import fields
+
+    from eagleflow.recipe import LM_HEAD_INITS, LR_SCHEDULES, OPTIMIZERS
+    from eagleflow.train import TrainSettings
+
+    train = yaml.safe_load(SCHEMA.read_text())["properties"]["train"]["properties"]
+    assert set(train) <= {f.name for f in fields(TrainSettings)} | {"nproc"}
+    choices = {"optimizer": OPTIMIZERS, "lr_schedule": LR_SCHEDULES, "lm_head_init": LM_HEAD_INITS}
+    for key, known in choices.items():
+        assert sorted(train[key]["enum"]) == sorted(known), key
+
+
 def _validated(overrides: dict) -> dict:
     """The repo config with `overrides` merged in, checked and filled with the schema defaults."""
     config = deep_merge(yaml.safe_load((REPO / "config.yaml").read_text()), overrides)

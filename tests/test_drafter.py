@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -13,10 +14,11 @@ from safetensors import safe_open
 from safetensors.torch import load_file
 
 from eagleflow.drafter import DrafterConfig, Eagle3Drafter, rotate
-from eagleflow.export import export_speculators, export_vllm
+from eagleflow.export import RECIPE_FLAGS, export_speculators, export_vllm, load_drafter
 from eagleflow.loader import SampleRef, TrainBatches, epoch_batches
 from eagleflow.logs import InputError
-from eagleflow.train import TrainSettings, lr_at, ttt_terms
+from eagleflow.recipe import build_optimizer, lr_at
+from eagleflow.train import ttt_terms
 from eagleflow.vocab import (
     build_vocab_map,
     check_vocab_map,
@@ -41,11 +43,21 @@ CFG = DrafterConfig(
 )
 
 
-def small_drafter(seed: int = 0) -> tuple[Eagle3Drafter, torch.nn.Embedding]:
+# Every recipe flag on its own and all together (bench/recipes.py trains each).
+FLAG_SETS = [
+    {},
+    {"norm_before_fc": True},
+    {"norm_before_residual": True},
+    {"norm_output": True},
+    {"norm_before_fc": True, "norm_before_residual": True, "norm_output": True},
+]
+
+
+def small_drafter(seed: int = 0, **flags: bool) -> tuple[Eagle3Drafter, torch.nn.Embedding]:
     torch.manual_seed(seed)
     counts = np.random.default_rng(seed).integers(0, 100, CFG.vocab_size)
     d2t, t2d = build_vocab_map(counts, CFG.draft_vocab_size)
-    model = Eagle3Drafter(CFG, d2t, t2d)
+    model = Eagle3Drafter(replace(CFG, **flags), d2t, t2d)
     for p in model.parameters():  # away from the ones-init of the norms
         p.data.add_(0.1 * torch.randn_like(p))
     return model.double(), torch.nn.Embedding(CFG.vocab_size, CFG.hidden_size).double()
@@ -54,12 +66,17 @@ def small_drafter(seed: int = 0) -> tuple[Eagle3Drafter, torch.nn.Embedding]:
 def reference_chain(model, embed, aux, ids, slot: int, steps: int) -> list[torch.Tensor]:
     """Drafts of one slot computed as vLLM's proposer does, one token at a time: step 0 over
     slots 0..slot (its keys are the context), then each chain step at position slot+k, attending
-    to that context plus the chain's own earlier steps. No masks, no batching."""
+    to that context plus the chain's own earlier steps, fed the previous step's output (its
+    normed form with norm_output), as vllm/model_executor/models/llama_eagle3.py computes it.
+    No masks, no batching."""
     layer, attn = model.midlayer, model.midlayer.self_attn
     heads, kv_heads, dim = CFG.num_attention_heads, CFG.num_key_value_heads, CFG.head_dim
 
+    cfg = model.cfg
+
     def run(token: int, hidden: torch.Tensor, position: int, keys: list, values: list):
-        x = torch.cat([layer.input_layernorm(embed.weight[token]), layer.hidden_norm(hidden)])
+        normed = layer.hidden_norm(hidden)
+        x = torch.cat([layer.input_layernorm(embed.weight[token]), normed])
         pos = torch.tensor([position])
         q = rotate(attn.q_proj(x).view(1, heads, 1, dim), pos, CFG.rope_theta)[0, :, 0]
         k = rotate(attn.k_proj(x).view(1, kv_heads, 1, dim), pos, CFG.rope_theta)[0, :, 0]
@@ -70,11 +87,11 @@ def reference_chain(model, embed, aux, ids, slot: int, steps: int) -> list[torch
         V = torch.stack(values).repeat_interleave(rep, 1)
         weights = torch.softmax((K * q).sum(-1) / math.sqrt(dim), 0)  # [n, heads]
         out = (weights[..., None] * V).sum(0).reshape(-1)
-        residual = hidden + attn.o_proj(out)
+        residual = (normed if cfg.norm_before_residual else hidden) + attn.o_proj(out)
         new_hidden = residual + layer.mlp(layer.post_attention_layernorm(residual))
         return new_hidden, k, v
 
-    fused = model.fc(aux)
+    fused = model.fc(model.input_norm(aux) if cfg.norm_before_fc else aux)
     context_k, context_v = [], []
     for t in range(slot + 1):  # step 0: each slot attends to slots <= t
         hidden, k, v = run(int(ids[t + 1]), fused[t], t, context_k, context_v)
@@ -83,15 +100,17 @@ def reference_chain(model, embed, aux, ids, slot: int, steps: int) -> list[torch
     logits = [model.lm_head(model.norm(hidden))]
     keys, values = list(context_k), list(context_v)
     for step in range(1, steps):
-        hidden, k, v = run(int(ids[slot + 1 + step]), hidden, slot + step, keys, values)
+        fed = model.norm(hidden) if cfg.norm_output else hidden
+        hidden, k, v = run(int(ids[slot + 1 + step]), fed, slot + step, keys, values)
         keys.append(k)
         values.append(v)
         logits.append(model.lm_head(model.norm(hidden)))
     return logits
 
 
-def test_training_time_test_equals_the_served_chain() -> None:
-    model, embed = small_drafter()
+@pytest.mark.parametrize("flags", FLAG_SETS, ids=lambda f: "+".join(f) or "plain")
+def test_training_time_test_equals_the_served_chain(flags: dict) -> None:
+    model, embed = small_drafter(**flags)
     length, steps = 12, 4
     aux = torch.randn(1, length, 3 * CFG.hidden_size, dtype=torch.double)
     ids = torch.randint(0, CFG.vocab_size, (1, length))
@@ -156,14 +175,28 @@ def test_global_batches_do_not_depend_on_process_count_and_resume_exactly() -> N
         assert len(batch) == 1 or len(batch) * max(refs[i].num_tokens for i in batch) <= 1000
 
 
-def test_learning_rate_warms_up_then_decays_to_the_floor() -> None:
-    s = TrainSettings(
-        shards=[], vocab="", target="", out_vllm="", out_speculators="", metrics="",
-        checkpoint_dir="", steps=100, learning_rate=1.0, warmup_steps=10, min_lr_ratio=0.1,
-    )  # fmt: skip
-    assert lr_at(0, s) == pytest.approx(0.1) and lr_at(9, s) == pytest.approx(1.0)
-    assert lr_at(99, s) == pytest.approx(0.1, abs=1e-3)
-    assert all(lr_at(i, s) >= lr_at(i + 1, s) for i in range(10, 99))
+@pytest.mark.parametrize("schedule", ["cosine", "linear", "constant"])
+def test_learning_rate_warms_up_then_decays_to_the_floor(schedule: str) -> None:
+    def lr(i: int) -> float:
+        return lr_at(i, peak=1.0, warmup=10, total=100, min_ratio=0.1, schedule=schedule)
+
+    assert lr(0) == pytest.approx(0.1) and lr(9) == pytest.approx(1.0)
+    assert lr(100) == pytest.approx(1.0 if schedule == "constant" else 0.1)
+    assert all(lr(i) >= lr(i + 1) for i in range(10, 99))
+    assert lr(55) == pytest.approx({"cosine": 0.55, "linear": 0.55, "constant": 1.0}[schedule])
+
+
+def test_muon_takes_the_hidden_matrices_and_adamw_the_rest() -> None:
+    model, _ = small_drafter(norm_before_fc=True)
+    model.lm_head.weight.requires_grad_(False)  # a frozen lm_head is in neither
+    optimizer = build_optimizer(model.float(), name="muon", lr=0.01, weight_decay=0.0)
+    muon, adamw = optimizer.optimizers
+    names = {id(p): n for n, p in model.named_parameters()}
+    in_muon = {names[id(p)] for g in muon.param_groups for p in g["params"]}
+    in_adamw = {names[id(p)] for g in adamw.param_groups for p in g["params"]}
+    assert in_muon == {n for n, p in model.named_parameters() if p.ndim == 2} - {"lm_head.weight"}
+    assert in_adamw == {n for n, p in model.named_parameters() if p.ndim == 1}
+    assert "input_norm.weight" in in_adamw and "lm_head.weight" not in in_adamw | in_muon
 
 
 # What vLLM's Eagle3LlamaForCausalLM (vllm/model_executor/models/llama_eagle3.py, 0.32.0) and
@@ -173,7 +206,6 @@ EAGLE3_CONFIG_KEYS = {
     "architectures": ["LlamaForCausalLMEagle3"],
     "model_type": "llama",
     "num_hidden_layers": 1,
-    "norm_before_residual": False,
     "tie_word_embeddings": False,
 }
 
@@ -187,8 +219,10 @@ def expected_weights(c: dict) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
     )
     inter, aux = c["intermediate_size"], len(c["eagle_aux_hidden_state_layer_ids"])
     bf16 = torch.bfloat16
+    fc_input = aux * c["target_hidden_size"]
     return {
-        "fc.weight": ((h, aux * c["target_hidden_size"]), bf16),
+        **({"input_norm.weight": ((fc_input,), bf16)} if c["norm_before_fc"] else {}),
+        "fc.weight": ((h, fc_input), bf16),
         "midlayer.input_layernorm.weight": ((h,), bf16),
         "midlayer.hidden_norm.weight": ((h,), bf16),
         "midlayer.post_attention_layernorm.weight": ((h,), bf16),
@@ -211,14 +245,19 @@ def read_weights(path: Path) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
         return {k: (tuple(f.get_tensor(k).shape), f.get_tensor(k).dtype) for k in f.keys()}
 
 
-def test_exports_conform_to_vllm_sglang_and_speculators_loaders(tmp_path: Path) -> None:
-    model, _ = small_drafter()
+@pytest.mark.parametrize("flags", [FLAG_SETS[0], FLAG_SETS[-1]], ids=["plain", "all-flags"])
+def test_exports_conform_to_vllm_sglang_and_speculators_loaders(
+    tmp_path: Path, flags: dict
+) -> None:
+    model, embed = small_drafter(**flags)
     model = model.float()
     aux_ids = [2, 4, 6]
     export_vllm(model, aux_ids, tmp_path / "vllm")
     config = json.loads((tmp_path / "vllm/config.json").read_text())
     for key, value in EAGLE3_CONFIG_KEYS.items():
         assert config[key] == value, key
+    for name in RECIPE_FLAGS:  # every flag written: vLLM's default is not always ours
+        assert config[name] is flags.get(name, False), name
     assert config["eagle_aux_hidden_state_layer_ids"] == aux_ids  # vLLM: our ids
     assert config["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [1, 3, 5]  # SGLang: -1
     assert config["draft_vocab_size"] == CFG.draft_vocab_size
@@ -233,7 +272,8 @@ def test_exports_conform_to_vllm_sglang_and_speculators_loaders(tmp_path: Path) 
     export_speculators(model, aux_ids, tmp_path / "spec", target=target, num_speculative_tokens=3)
     spec = json.loads((tmp_path / "spec/config.json").read_text())
     assert spec["speculators_model_type"] == "eagle3"
-    assert spec["norm_before_residual"] is False  # absent would read as True
+    for name in RECIPE_FLAGS:  # absent norm_before_residual reads as True
+        assert spec[name] is flags.get(name, False), name
     assert spec["eagle_aux_hidden_state_layer_ids"] == aux_ids
     assert spec["speculators_config"]["proposal_methods"][0]["speculative_tokens"] == 3
     layer = spec["transformer_layer_config"]
@@ -242,6 +282,17 @@ def test_exports_conform_to_vllm_sglang_and_speculators_loaders(tmp_path: Path) 
         for name, shape in expected_weights(layer | spec).items()
     }
     assert read_weights(tmp_path / "spec/model.safetensors") == expected
+
+    # The offline evaluation reads the export back: same flags, same chain (bf16 weights).
+    loaded, _ = load_drafter(tmp_path / "vllm")
+    assert loaded.cfg == replace(CFG, **flags)
+    aux = torch.randn(1, 6, 3 * CFG.hidden_size)
+    ids = torch.randint(0, CFG.vocab_size, (1, 6))
+    embed = embed.float()
+    rounded = type(model)(model.cfg, model.d2t, model.t2d)
+    rounded.load_state_dict({k: v.bfloat16().float() for k, v in model.state_dict().items()})
+    for ours, theirs in zip(rounded(aux, ids, embed, 3), loaded(aux, ids, embed, 3), strict=True):
+        torch.testing.assert_close(ours, theirs)
 
 
 def test_vocab_reuse_keeps_the_map_of_an_earlier_export(tmp_path: Path) -> None:

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-from conftest import free_port, run_snakemake, scheduled_outputs
+from conftest import free_port, run_snakemake, scheduled_outputs, stand_in_server
 from safetensors.torch import load_file, save_file
 
 from eagleflow.evaluate import response_start, simulate_chain
@@ -37,6 +37,44 @@ def test_response_start_is_the_last_assistant_turn() -> None:
     assert response_start(torch.tensor([0, 0, 1, 1, 0, 0, 1, 1, 1], dtype=torch.bool)) == 6
     with pytest.raises(ValueError):
         response_start(torch.tensor([1, 1, 0], dtype=torch.bool))
+
+
+def test_engine_and_server_counters_read_alike() -> None:
+    """The in-process engine's metric objects and a server's Prometheus text, summed over two
+    engines, give one Acceptance; other metrics are ignored."""
+    from vllm.v1.metrics.reader import Counter, Gauge, Vector
+
+    from eagleflow.spec_decode import Acceptance, server_counters, spec_decode_counters
+
+    metrics = []
+    text = "# HELP vllm:spec_decode_num_drafts_total drafts\n"
+    for engine, (drafts, tokens, accepted, per_pos) in enumerate(
+        [(10, 30, 12, [7, 4, 1]), (5, 15, 4, [3, 1, 0])]
+    ):
+        labels = {"engine": str(engine)}
+        metrics += [
+            Counter("vllm:spec_decode_num_drafts", labels, drafts),
+            Counter("vllm:spec_decode_num_draft_tokens", labels, tokens),
+            Counter("vllm:spec_decode_num_accepted_tokens", labels, accepted),
+            Vector("vllm:spec_decode_num_accepted_tokens_per_pos", labels, per_pos),
+            Gauge("vllm:num_requests_running", labels, 3.0),
+        ]
+        text += (
+            f'vllm:spec_decode_num_drafts_total{{engine="{engine}"}} {drafts}.0\n'
+            f'vllm:spec_decode_num_draft_tokens_total{{engine="{engine}"}} {tokens}.0\n'
+            f'vllm:spec_decode_num_accepted_tokens_total{{engine="{engine}"}} {accepted}.0\n'
+            f'vllm:num_requests_running{{engine="{engine}"}} 3.0\n'
+        ) + "".join(
+            f'vllm:spec_decode_num_accepted_tokens_per_pos_total{{engine="{engine}",'
+            f'position="{i}"}} {v}.0\n'
+            for i, v in enumerate(per_pos)
+        )
+    expected = Acceptance(drafts=15, draft_tokens=45, accepted_tokens=16,
+                          accepted_per_position=[10, 5, 1])  # fmt: skip
+    assert spec_decode_counters(metrics) == expected
+    with stand_in_server(text.encode()) as url:
+        assert server_counters(url) == expected
+    assert expected.mean_acceptance_length == pytest.approx(1 + 16 / 15)
 
 
 def test_served_acceptance_agrees_with_the_offline_estimate(demo_run: Path) -> None:
@@ -126,7 +164,7 @@ def test_planted_fault_fails_the_serving_check_and_is_named(
     break_export(export, fault)
     script = f"""
 import glob, json
-from eagleflow.evaluate import serving_check
+from eagleflow.serving_check import serving_check
 if __name__ == "__main__":
     serving_check(
         {str(tmp_path / "serving.json")!r},

@@ -6,13 +6,11 @@ tests/test_extract_workflow.py)."""
 from __future__ import annotations
 
 import json
-import threading
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 import requests
-from conftest import free_port
+from conftest import free_port, stand_in_server
 
 from eagleflow.logs import InputError
 from eagleflow.server_client import (
@@ -24,26 +22,13 @@ from eagleflow.server_client import (
 )
 
 
-class _Models(BaseHTTPRequestHandler):
-    def do_GET(self) -> None:
-        body = json.dumps({"data": [{"id": "target"}]}).encode()
-        self.send_response(200)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, *args: object) -> None:
-        pass
-
-
 @pytest.fixture
 def live_url() -> Iterator[str]:
-    server = ThreadingHTTPServer(("127.0.0.1", free_port()), _Models)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield f"http://127.0.0.1:{server.server_port}"
-    server.shutdown()
+    """A stand-in vLLM server: its `/v1/models` names the model `target`."""
+    with stand_in_server(
+        json.dumps({"data": [{"id": "target"}]}).encode(), "application/json"
+    ) as url:
+        yield url
 
 
 def test_shard_jobs_spread_over_the_servers_deterministically() -> None:
@@ -57,7 +42,7 @@ def test_shard_jobs_spread_over_the_servers_deterministically() -> None:
 
 def test_a_dead_server_is_passed_over_and_named(live_url: str) -> None:
     dead = f"http://127.0.0.1:{free_port()}"
-    assert first_live_server([dead, live_url], "extraction") == (live_url, "target")
+    assert first_live_server([dead, live_url], "extraction") == live_url
     with pytest.raises(InputError, match=f"extraction server {dead} is unreachable"):
         first_live_server([dead], "extraction")
 
