@@ -131,6 +131,7 @@ def serving_check(
     compare_plain: bool = True,
     engine_options: Mapping[str, Any] | None = None,
     server_url: str | None = None,
+    other_ks: Sequence[int] = (),
 ) -> dict:
     """Measure served acceptance at each of `temperatures` (in vLLM engines built here, or on
     the vLLM server at `server_url`); write the report only when the drafter passes.
@@ -144,12 +145,19 @@ def serving_check(
     outputs sampled with the drafter are not distributed as the target's own (an engine fault:
     a drafter cannot change them in a correct engine), or when a diagnostic finds a known
     fault in the export; the findings go into the error and into `<out>.rejected.json`.
+    `other_ks`: further K served at the data's temperature and gated alike (`by_k`), each in an
+    engine of its own (not with a server: it serves one K).
     """
     from eagleflow.diagnose import diagnose_export
 
     if str(k) not in offline["by_k"]:
         raise InputError(
             f"evaluate.serving_k: {k} is not among the offline ks {list(offline['by_k'])}"
+        )
+    unknown = [n for n in (k, *other_ks) if str(n) not in offline["by_k"]]
+    if unknown:
+        raise InputError(
+            f"evaluate.other_served_ks: {unknown} not among the offline ks {list(offline['by_k'])}"
         )
     missing = [t for t in temperatures if str(float(t)) not in offline.get("by_temperature", {})]
     if missing:
@@ -222,10 +230,24 @@ def serving_check(
                 f"{abs(lossless['gap']) / max(lossless['stderr'], 1e-9):.0f} standard errors): "
                 + finding
             )
+    by_k = {}
+    if server_url and other_ks:
+        warnings.append(
+            f"evaluate.other_served_ks {list(other_ks)}: not served (a server serves one K)"
+        )
+    elif "error" not in served:
+        by_k, shortfalls = served_at_other_ks(
+            other_ks, offline, data_temperature, tolerance, export_dir=export_dir,
+            shard_paths=shard_paths, target=target, heldout_fraction=heldout_fraction,
+            max_tokens=max_tokens, max_model_len=max_model_len, max_prompts=max_prompts,
+            engine_options=engine_options,
+        )  # fmt: skip
+        failures += shortfalls
     first = by_temperature[str(temperatures[0])]
     report = {
         **first,
         "by_temperature": by_temperature,
+        "by_k": by_k,
         "tolerance": tolerance,
         "data_temperature": data_temperature,
         "warnings": warnings,
@@ -241,3 +263,36 @@ def serving_check(
     out_path.with_suffix(".rejected.json").unlink(missing_ok=True)
     write_json(out_path, report)
     return report
+
+
+def served_at_other_ks(
+    ks: Sequence[int],
+    offline: dict,
+    temperature: float,
+    tolerance: float,
+    **serving: Any,
+) -> tuple[dict, list[str]]:
+    """Served acceptance at each of `ks` (one engine each, at the data's temperature) against
+    the offline estimate: the records by K and the shortfalls below the floor."""
+    by_k, shortfalls = {}, []
+    for k in ks:
+        estimate = offline["by_temperature"][str(float(temperature))]["by_k"][str(k)]
+        record = serving_acceptance(k=k, temperatures=[temperature], compare_plain=False, **serving)
+        mal = record["mean_acceptance_length"]
+        floor = estimate["mean_acceptance_length"] * (1 - tolerance)
+        if temperature > 0:
+            floor -= ACCEPTANCE_SIGMAS * acceptance_length_stderr(
+                record["per_position"], record["drafts"]
+            )
+        by_k[str(k)] = {
+            "served": record,
+            "offline": estimate,
+            "relative_gap": mal / estimate["mean_acceptance_length"] - 1,
+            "floor": floor,
+        }
+        if mal < floor:
+            shortfalls.append(
+                f"K={k}: served mean acceptance length {mal:.3f} vs offline "
+                f"{estimate['mean_acceptance_length']:.3f} (floor {floor:.3f})"
+            )
+    return by_k, shortfalls

@@ -69,12 +69,12 @@ class TrainSettings:
     precision: str = "auto"
     # The recipe (see eagleflow/recipe.py and bench/recipes.py): drafter architecture flags by
     # vLLM's names, how the lm_head starts and whether it trains, optimizer, schedule.
-    norm_before_fc: bool = False
-    norm_before_residual: bool = False
+    norm_before_fc: bool = True
+    norm_before_residual: bool = True
     norm_output: bool = False
-    lm_head_init: str = "random"
+    lm_head_init: str = "target"
     freeze_lm_head: bool = False
-    optimizer: str = "adamw"
+    optimizer: str = "muon"
     lr_schedule: str = "cosine"
     threads: int = 0  # torch threads per process; 0 = leave torch's choice
 

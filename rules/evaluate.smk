@@ -42,6 +42,7 @@ rule evaluate_serving:
     params:
         **engine_params("evaluate"),
         k=config["evaluate"]["serving_k"],
+        other_ks=config["evaluate"]["other_served_ks"],
         temperatures=config["evaluate"]["temperatures"],
         data_temperature=config["generation"]["temperature"],
         max_prompts=config["evaluate"]["max_prompts"],

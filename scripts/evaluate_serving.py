@@ -19,6 +19,7 @@ if __name__ == "__main__":  # vLLM spawns worker processes that re-import this m
             target=snakemake.input.model,
             heldout_fraction=params.heldout_fraction,
             k=params.k,
+            other_ks=params.other_ks,
             temperatures=params.temperatures,
             data_temperature=params.data_temperature,
             tolerance=params.tolerance,

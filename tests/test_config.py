@@ -109,8 +109,8 @@ def test_schema_lists_exactly_the_codecs_the_writer_knows() -> None:
 
 
 def test_schema_train_keys_are_the_trainers_settings_with_its_choices() -> None:
-    """Every `train` key reaches TrainSettings (scripts/train.py passes them as they are), and the
-    recipe enums repeat eagleflow.recipe's choices: they must not drift."""
+    """Every `train` key reaches TrainSettings (scripts/train.py passes them as they are) with
+    the same default, and the recipe enums repeat eagleflow.recipe's choices: no drift."""
     from dataclasses import fields
 
     from eagleflow.recipe import LM_HEAD_INITS, LR_SCHEDULES, OPTIMIZERS
@@ -118,6 +118,9 @@ def test_schema_train_keys_are_the_trainers_settings_with_its_choices() -> None:
 
     train = yaml.safe_load(SCHEMA.read_text())["properties"]["train"]["properties"]
     assert set(train) <= {f.name for f in fields(TrainSettings)} | {"nproc"}
+    defaults = {f.name: f.default for f in fields(TrainSettings)}
+    for key, spec in train.items():  # callers without a config train the workflow's default
+        assert key == "nproc" or spec["default"] == defaults[key], key
     choices = {"optimizer": OPTIMIZERS, "lr_schedule": LR_SCHEDULES, "lm_head_init": LM_HEAD_INITS}
     for key, known in choices.items():
         assert sorted(train[key]["enum"]) == sorted(known), key

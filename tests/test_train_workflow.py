@@ -115,7 +115,9 @@ def test_two_torchrun_processes_follow_the_one_process_loss_curve(
             metrics=str(out / "metrics.tsv"),
             checkpoint_dir=str(out / "checkpoints"),
             steps=12, batch_tokens=batch_tokens, eval_every=0, log_every=1, num_workers=0,
-            precision="fp32",
+            # AdamW: Muon orthogonalizes in bf16, which turns reduction-order noise into
+            # rounding flips; what is tested is the gradient, which every optimizer receives.
+            precision="fp32", optimizer="adamw",
         )  # fmt: skip
         out.mkdir()
         (out / "settings.json").write_text(json.dumps(asdict(settings)))
