@@ -4,10 +4,10 @@ change to the recipe, judged held out, offline and served in vLLM, in one run.
 Every variant starts from the original EAGLE-3 recipe (BASE: random lm_head, no extra norms,
 AdamW, cosine decay, 7 TTT steps weighted 0.8^k) with the finished run's other train settings
 (batch, learning rate, warmup, seed), and changes one thing, except the rows that combine
-them. Per variant: held-out acc_0..2 (the trainer's own evaluation), offline and served mean
-acceptance length at K=3 and K=5 (served: the held-out prompts in vLLM, greedy, the same
-prompts for every variant), and the training seconds. The run's configured recipe is the
-last row ("configured"), so the table shows what the default buys over the original one.
+them ("combined*"). Per variant: held-out acc_0..2 (the trainer's own evaluation), offline and
+served mean acceptance length at K=3 and K=5 (served: the held-out prompts in vLLM, greedy, the same
+prompts for every variant), and the training seconds. "configured" trains the run's
+config.yaml recipe as it is.
 
     .venv/bin/python bench/recipes.py --results results                 # the run's own budget
     .venv/bin/python bench/recipes.py --results results --steps 400     # a third of it
@@ -58,6 +58,14 @@ PEER = {
     "ttt_steps": 3,
     "step_weight": 1.0,
 }
+# The single changes that won, combined; then changes tried on top of that. The default
+# (config.yaml) is COMBINED with step_weight 0.4: the row "combined_step_weight_0.4".
+COMBINED = {
+    "norm_before_fc": True,
+    "norm_before_residual": True,
+    "lm_head_init": "target",
+    "optimizer": "muon",
+}
 VARIANTS: dict[str, dict] = {
     "base": {},
     "lm_head_target": {"lm_head_init": "target"},
@@ -72,6 +80,12 @@ VARIANTS: dict[str, dict] = {
     "constant_lr": {"lr_schedule": "constant"},
     "muon": {"optimizer": "muon"},
     "peer_flags": PEER,
+    "combined": COMBINED,
+    "combined_norm_output": COMBINED | {"norm_output": True},
+    "combined_step_weight_0.6": COMBINED | {"step_weight": 0.6},
+    "combined_step_weight_0.4": COMBINED | {"step_weight": 0.4},
+    "combined_sw0.6_lr_0.01": COMBINED | {"step_weight": 0.6, "learning_rate": 0.01},
+    "combined_sw0.6_wd_0.1": COMBINED | {"step_weight": 0.6, "weight_decay": 0.1},
     "configured": None,  # the run's config.yaml train section as it is
 }
 SERVED_KS = (3, 5)
@@ -82,16 +96,16 @@ PLACES = ("shards", "vocab", "target", "out_vllm", "out_speculators", "metrics",
 def settings_for(run: Path, overrides: dict | None, steps: int | None, out: Path) -> TrainSettings:
     train = yaml.safe_load((run / "config.yaml").read_text()).get("train", {})
     known = {f.name for f in fields(TrainSettings)}
-    chosen = {k: v for k, v in train.items() if k in known}
-    chosen |= {"eval_every": 0, "checkpoint_every": 10**9, "threads": os.cpu_count() or 1}
+    values = {k: v for k, v in train.items() if k in known}
+    values |= {"eval_every": 0, "checkpoint_every": 10**9, "threads": os.cpu_count() or 1}
     if overrides is not None:
-        chosen |= BASE | overrides
+        values |= BASE | overrides
     if steps:
-        chosen["steps"] = steps
-        chosen["warmup_steps"] = min(chosen.get("warmup_steps", 100), steps // 10)
+        values["steps"] = steps
+        values["warmup_steps"] = min(values.get("warmup_steps", 100), steps // 10)
     results = run / "results"
     return TrainSettings(
-        **chosen,
+        **values,
         shards=sorted(glob.glob(str(results / "hidden/shard-*.zarr"))),
         vocab=str(results / "vocab/vocab.safetensors"),
         target=str(results / "demo/target"),

@@ -57,7 +57,7 @@ class TrainSettings:
     weight_decay: float = 0.0
     grad_clip: float = 1.0
     ttt_steps: int = 7
-    step_weight: float = 0.8
+    step_weight: float = 0.4
     heldout_fraction: float = 0.05
     seed: int = 0
     checkpoint_every: int = 500
