@@ -1,6 +1,7 @@
 """The EAGLE-3 drafter: one Llama decoder layer over the target's fused aux hidden states.
 
 Shapes (H = hidden size, A = number of aux layers, Dv = draft vocab):
+    input_norm    A*H RMSNorm before fc (norm_before_fc only)
     fc            A*H -> H (no bias): fuses the target's aux hidden states
     midlayer      input_layernorm(embed) ++ hidden_norm(hidden) = 2H -> attention -> MLP
     norm, lm_head H -> Dv
@@ -9,8 +10,9 @@ target's embedding, final norm and lm_head rows of the draft vocab are frozen in
 training objective, never parameters of the drafter and never saved with it.
 
 Training-time test (TTT) follows vLLM's proposer: draft slot t sees embed(token t+1), position t
-and fc(aux_t) and predicts token t+2; chain step k runs at position t+k, feeds back the pre-norm
-output of step k-1, and attends to step 0's keys at slots <= t plus its own earlier steps.
+and fc(aux_t) and predicts token t+2; chain step k runs at position t+k, feeds back the output
+of step k-1 (pre-norm; post-norm with norm_output), and attends to step 0's keys at slots <= t
+plus its own earlier steps.
 """
 
 from __future__ import annotations
