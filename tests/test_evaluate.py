@@ -146,8 +146,8 @@ def break_export(export: Path, fault: str) -> None:
     config = json.loads((export / "config.json").read_text())
     if fault == "layer ids":
         del config["eagle_aux_hidden_state_layer_ids"]
-    elif fault == "norm flag":
-        config["norm_before_residual"] = True
+    elif fault == "norm flag":  # served with the other residual than the one trained
+        config["norm_before_residual"] = not config["norm_before_residual"]
     elif fault == "d2t":
         tensors = load_file(str(export / "model.safetensors"))
         tensors["d2t"] = tensors["d2t"] + torch.arange(len(tensors["d2t"]))  # absolute ids
