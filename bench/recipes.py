@@ -12,6 +12,10 @@ config.yaml recipe as it is.
     .venv/bin/python bench/recipes.py --results results                 # the run's own budget
     .venv/bin/python bench/recipes.py --results results --steps 400     # a third of it
     .venv/bin/python bench/recipes.py --results results --only muon,configured
+    .venv/bin/python bench/recipes.py --results results --steps 400 --full-budget configured
+
+--full-budget names variants also trained at the run's own budget (rows "NAME@full"), in the
+same table: whether a change measured on the short budget holds on the long one.
 
 Each variant's export and figures stay under --out (default RESULTS/bench/recipes/NAME); a
 variant whose figures exist for the same settings is read back, not trained again (--fresh
@@ -58,8 +62,9 @@ PEER = {
     "ttt_steps": 3,
     "step_weight": 1.0,
 }
-# The single changes that won, combined; then changes tried on top of that. The default
-# (config.yaml) is COMBINED with step_weight 0.4: the row "combined_step_weight_0.4".
+# The single changes that won, combined; then changes tried on top of that (a smaller batch
+# at the same tokens takes more steps). The default (config.yaml) is COMBINED with step_weight
+# 0.4: the row "combined_step_weight_0.4".
 COMBINED = {
     "norm_before_fc": True,
     "norm_before_residual": True,
@@ -86,6 +91,12 @@ VARIANTS: dict[str, dict] = {
     "combined_step_weight_0.4": COMBINED | {"step_weight": 0.4},
     "combined_sw0.6_lr_0.01": COMBINED | {"step_weight": 0.6, "learning_rate": 0.01},
     "combined_sw0.6_wd_0.1": COMBINED | {"step_weight": 0.6, "weight_decay": 0.1},
+    "combined_sw0.3": COMBINED | {"step_weight": 0.3},
+    "combined_sw0.4_wd_0.1": COMBINED | {"step_weight": 0.4, "weight_decay": 0.1},
+    "combined_sw0.4_batch_1024": COMBINED | {"step_weight": 0.4, "batch_tokens": 1024},
+    "combined_sw0.4_batch_1024_ttt5": COMBINED
+    | {"step_weight": 0.4, "batch_tokens": 1024, "ttt_steps": 5},
+    "combined_sw0.4_batch_512": COMBINED | {"step_weight": 0.4, "batch_tokens": 512},
     "configured": None,  # the run's config.yaml train section as it is
 }
 SERVED_KS = (3, 5)
@@ -98,11 +109,15 @@ def settings_for(run: Path, overrides: dict | None, steps: int | None, out: Path
     known = {f.name for f in fields(TrainSettings)}
     values = {k: v for k, v in train.items() if k in known}
     values |= {"eval_every": 0, "checkpoint_every": 10**9, "threads": os.cpu_count() or 1}
+    budget = (steps or values.get("steps", TrainSettings.steps)) * values.get(
+        "batch_tokens", TrainSettings.batch_tokens
+    )
     if overrides is not None:
         values |= BASE | overrides
-    if steps:
-        values["steps"] = steps
-        values["warmup_steps"] = min(values.get("warmup_steps", 100), steps // 10)
+    if steps or "batch_tokens" in (overrides or {}):
+        # Every variant sees the run's token budget: a smaller batch takes more steps.
+        values["steps"] = budget // values["batch_tokens"]
+        values["warmup_steps"] = min(values.get("warmup_steps", 100), values["steps"] // 10)
     results = run / "results"
     return TrainSettings(
         **values,
@@ -169,6 +184,9 @@ def main() -> None:
     )  # fmt: skip
     parser.add_argument("--steps", type=int, help="optimizer steps (default: the run's)")
     parser.add_argument("--only", help="comma-separated variant names (default: all)")
+    parser.add_argument(
+        "--full-budget", default="", help="comma-separated variants also trained at the run's steps"
+    )
     parser.add_argument("--prompts", type=int, default=48)
     parser.add_argument("--max-tokens", type=int, default=192)
     parser.add_argument("--out", type=Path, help="default: RUN/results/bench/recipes")
@@ -182,15 +200,18 @@ def main() -> None:
         parser.error(str(err))
     out = args.out or run / "results/bench/recipes"
     names = args.only.split(",") if args.only else list(VARIANTS)
-    unknown = sorted(set(names) - set(VARIANTS))
+    full = [name for name in args.full_budget.split(",") if name]
+    unknown = sorted(set(names + full) - set(VARIANTS))
     if unknown:
         parser.error(f"unknown variants {unknown}; known: {', '.join(VARIANTS)}")
+    runs = [(name, name, args.steps) for name in names]
+    runs += [(f"{name}@full", name, None) for name in full]
     by_variant = {}
-    for name in names:
-        print(f"== {name}: {VARIANTS[name] if VARIANTS[name] is not None else 'config.yaml'}")
-        settings = settings_for(run, VARIANTS[name], args.steps, out / name)
-        by_variant[name] = measure(settings, args)
-        print(json.dumps(by_variant[name]), flush=True)
+    for key, name, steps in runs:
+        print(f"== {key}: {VARIANTS[name] if VARIANTS[name] is not None else 'config.yaml'}")
+        settings = settings_for(run, VARIANTS[name], steps, out / key)
+        by_variant[key] = measure(settings, args)
+        print(json.dumps(by_variant[key]), flush=True)
     finish(args, "Recipe ablations", table_rows(by_variant), by_variant)
 
 

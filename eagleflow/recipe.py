@@ -75,8 +75,9 @@ def build_optimizer(model: nn.Module, *, name: str, lr: float, weight_decay: flo
         return Optimizers([torch.optim.AdamW([p for _, p in trainable], **adamw)])
     if name != "muon":
         raise ValueError(f"optimizer {name!r}: expected one of {', '.join(OPTIMIZERS)}")
-    matrices = [p for n, p in trainable if p.ndim == 2 and not n.startswith("lm_head")]
-    others = [p for n, p in trainable if not (p.ndim == 2 and not n.startswith("lm_head"))]
+    matrices, others = [], []
+    for n, p in trainable:
+        (matrices if p.ndim == 2 and not n.startswith("lm_head") else others).append(p)
     muon = torch.optim.Muon(
         matrices, lr=lr, weight_decay=weight_decay, adjust_lr_fn="match_rms_adamw"
     )

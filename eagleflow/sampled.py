@@ -114,6 +114,29 @@ def lossless_verdict(with_drafter: Sequence[float], without: Sequence[float]) ->
     }
 
 
+def served_without_drafter(
+    target: str | Path,
+    prompts: list[list[int]],
+    sampled: Mapping[float, list[list[int]]],
+    *,
+    temperatures: Sequence[float],
+    max_tokens: int,
+    max_model_len: int,
+    options: Mapping[str, Any] | None = None,
+) -> tuple[dict, dict[float, dict]]:
+    """The prompts served by the target alone at each temperature (same seeds), and for each
+    temperature in `sampled` (outputs served another way, with a drafter or a proposer) the
+    losslessness verdict of those outputs against the target's own."""
+    from eagleflow.spec_decode import serve
+
+    plain, scored = serve(
+        target, prompts, max_tokens=max_tokens, max_model_len=max_model_len,
+        temperatures=temperatures, options=options, score=sampled,
+    )  # fmt: skip
+    verdicts = {t: lossless_verdict(scored[t], plain[t].loglik or []) for t in sampled}
+    return plain, verdicts
+
+
 def engine_fault(
     target: str | Path,
     prompts: list[list[int]],
@@ -140,12 +163,12 @@ def engine_fault(
         target, prompts, max_tokens=max_tokens, max_model_len=max_model_len,
         temperatures=[temperature], options=options, speculative_config=ngram,
     )  # fmt: skip
-    plain, scored = serve(
-        target, prompts, max_tokens=max_tokens, max_model_len=max_model_len,
-        temperatures=[temperature], options=options,
-        score={temperature: proposed[temperature].outputs},
+    _, verdicts = served_without_drafter(
+        target, prompts, {temperature: proposed[temperature].outputs},
+        temperatures=[temperature], max_tokens=max_tokens, max_model_len=max_model_len,
+        options=options,
     )  # fmt: skip
-    verdict = lossless_verdict(scored[temperature], plain[temperature].loglik or [])
+    verdict = verdicts[temperature]
     figures = (
         f"{verdict.get('loglik_with_drafter', float('nan')):.3f} vs "
         f"{verdict.get('loglik_without_drafter', float('nan')):.3f} nats/token"

@@ -16,7 +16,7 @@ from eagleflow.sampled import (
     ACCEPTANCE_SIGMAS,
     acceptance_length_stderr,
     engine_fault,
-    lossless_verdict,
+    served_without_drafter,
 )
 
 
@@ -79,10 +79,10 @@ def serving_acceptance(
             "tokens_per_s": {"with_drafter": sum(map(len, run.outputs)) / run.seconds},
         }
     if compare_plain:
-        plain, scored = serve(
-            target, prompts, max_tokens=max_tokens, max_model_len=max_model_len,
-            temperatures=temperatures, options=engine_options,
-            score={t: run.outputs for t, run in spec.items() if t > 0},
+        plain, verdicts = served_without_drafter(
+            target, prompts, {t: run.outputs for t, run in spec.items() if t > 0},
+            temperatures=temperatures, max_tokens=max_tokens, max_model_len=max_model_len,
+            options=engine_options,
         )  # fmt: skip
         for t, run in plain.items():
             record = by_temperature[str(t)]
@@ -92,7 +92,7 @@ def serving_acceptance(
                     a == b for a, b in zip(run.outputs, spec[t].outputs, strict=True)
                 )
             else:
-                record["lossless"] = lossless_verdict(scored[t], run.loglik or [])
+                record["lossless"] = verdicts[t]
     else:
         for t in temperatures:
             if t > 0:
@@ -186,36 +186,18 @@ def serving_check(
     for t in temperatures:
         estimate = offline["by_temperature"][str(t)]["by_k"][str(k)]
         record = served.get("by_temperature", {}).get(str(t), served)
-        mal = record["mean_acceptance_length"]
-        floor = estimate["mean_acceptance_length"] * (1 - tolerance)
-        noise = 0.0
-        if t > 0 and "error" not in served:  # a sampled figure: allow for its own spread
-            noise = acceptance_length_stderr(record["per_position"], record["drafts"])
-            floor -= ACCEPTANCE_SIGMAS * noise
-        by_temperature[str(t)] = {
-            "served": record,
-            "offline": estimate,
-            "relative_gap": mal / estimate["mean_acceptance_length"] - 1,
-            "served_stderr": noise,
-            "floor": floor,
-        }
         gated = t == data_temperature or "error" in served
-        by_temperature[str(t)]["gated"] = gated
-        if mal < floor:
-            measured = served.get("error") or f"served mean acceptance length {mal:.3f}"
-            shortfall = (
-                f"T={t:g}: {measured} (K={k}) vs offline "
-                f"{estimate['mean_acceptance_length']:.3f} (floor {floor:.3f})"
+        comparison, shortfall = gate_against_offline(record, estimate, tolerance, t, k)
+        by_temperature[str(t)] = {**comparison, "gated": gated}
+        if shortfall and gated:
+            failures.append(shortfall)
+        elif shortfall:
+            warnings.append(
+                f"{shortfall}, not gated: the data were generated at "
+                f"T={data_temperature:g} (generation.temperature) and the estimate walks "
+                "their contexts; served sampled, the drafter meets contexts it was not "
+                f"trained on. Generate at T={t:g} to train for it and to gate it"
             )
-            if gated:
-                failures.append(shortfall)
-            else:
-                warnings.append(
-                    f"{shortfall}, not gated: the data were generated at "
-                    f"T={data_temperature:g} (generation.temperature) and the estimate walks "
-                    "their contexts; served sampled, the drafter meets contexts it was not "
-                    f"trained on. Generate at T={t:g} to train for it and to gate it"
-                )
         lossless = record.get("lossless") or {}
         if lossless.get("lossless") is False:
             prompts = heldout_prompts(shard_paths, heldout_fraction, max_prompts)
@@ -265,6 +247,34 @@ def serving_check(
     return report
 
 
+def gate_against_offline(
+    record: dict, estimate: dict, tolerance: float, temperature: float, k: int
+) -> tuple[dict, str | None]:
+    """A served record (or a failed serving's error) against its offline estimate: the
+    comparison for the report, and the shortfall when served falls below the floor, the
+    estimate less `tolerance` (relative) and, sampled, less the served figure's own spread."""
+    mal = record["mean_acceptance_length"]
+    expected = estimate["mean_acceptance_length"]
+    floor = expected * (1 - tolerance)
+    noise = 0.0
+    if temperature > 0 and "error" not in record:
+        noise = acceptance_length_stderr(record["per_position"], record["drafts"])
+        floor -= ACCEPTANCE_SIGMAS * noise
+    comparison = {
+        "served": record,
+        "offline": estimate,
+        "relative_gap": mal / expected - 1,
+        "served_stderr": noise,
+        "floor": floor,
+    }
+    if mal >= floor:
+        return comparison, None
+    measured = record.get("error") or f"served mean acceptance length {mal:.3f}"
+    return comparison, (
+        f"T={temperature:g}, K={k}: {measured} vs offline {expected:.3f} (floor {floor:.3f})"
+    )
+
+
 def served_at_other_ks(
     ks: Sequence[int],
     offline: dict,
@@ -278,21 +288,6 @@ def served_at_other_ks(
     for k in ks:
         estimate = offline["by_temperature"][str(float(temperature))]["by_k"][str(k)]
         record = serving_acceptance(k=k, temperatures=[temperature], compare_plain=False, **serving)
-        mal = record["mean_acceptance_length"]
-        floor = estimate["mean_acceptance_length"] * (1 - tolerance)
-        if temperature > 0:
-            floor -= ACCEPTANCE_SIGMAS * acceptance_length_stderr(
-                record["per_position"], record["drafts"]
-            )
-        by_k[str(k)] = {
-            "served": record,
-            "offline": estimate,
-            "relative_gap": mal / estimate["mean_acceptance_length"] - 1,
-            "floor": floor,
-        }
-        if mal < floor:
-            shortfalls.append(
-                f"K={k}: served mean acceptance length {mal:.3f} vs offline "
-                f"{estimate['mean_acceptance_length']:.3f} (floor {floor:.3f})"
-            )
+        by_k[str(k)], shortfall = gate_against_offline(record, estimate, tolerance, temperature, k)
+        shortfalls += [shortfall] if shortfall else []
     return by_k, shortfalls
