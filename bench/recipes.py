@@ -97,6 +97,8 @@ VARIANTS: dict[str, dict] = {
     "combined_sw0.4_batch_1024_ttt5": COMBINED
     | {"step_weight": 0.4, "batch_tokens": 1024, "ttt_steps": 5},
     "combined_sw0.4_batch_512": COMBINED | {"step_weight": 0.4, "batch_tokens": 512},
+    "combined_sw0.4_lr_0.0075": COMBINED | {"step_weight": 0.4, "learning_rate": 0.0075},
+    "combined_sw0.4_min_lr_0": COMBINED | {"step_weight": 0.4, "min_lr_ratio": 0.0},
     "configured": None,  # the run's config.yaml train section as it is
 }
 SERVED_KS = (3, 5)
