@@ -15,17 +15,24 @@ config.yaml recipe as it is.
     .venv/bin/python bench/recipes.py --results results --steps 400 --full-budget configured
 
 --full-budget names variants also trained at the run's own budget (rows "NAME@full"), in the
-same table: whether a change measured on the short budget holds on the long one.
+same table: whether a change measured on the short budget holds on the long one. --seeds trains
+every row again per seed (rows "NAME#seedN") and adds the mean: one training's own spread is
+about the size of the differences between good recipes (served K=3: 3.48 to 3.54 over three
+seeds of the default).
+
+    .venv/bin/python bench/recipes.py --results results --only configured --seeds 0,1,2 \
+        --rows bench/figures/recipes.seeds.json
 
 Each variant's export and figures stay under --out (default RESULTS/bench/recipes/NAME); a
-variant whose figures exist for the same settings is read back, not trained again (--fresh
-retrains).
+variant whose figures exist for the same settings and training code is read back, not trained
+again (--fresh retrains).
 """
 
 from __future__ import annotations
 
 import argparse
 import glob
+import hashlib
 import json
 import os
 import time
@@ -35,6 +42,7 @@ from pathlib import Path
 import yaml
 from rows import Row, finish, finished_run, output_arguments
 
+import eagleflow
 from eagleflow.evaluate import offline_acceptance
 from eagleflow.serving_check import serving_acceptance
 from eagleflow.train import TrainSettings, train_drafter
@@ -99,18 +107,33 @@ VARIANTS: dict[str, dict] = {
     "combined_sw0.4_batch_512": COMBINED | {"step_weight": 0.4, "batch_tokens": 512},
     "combined_sw0.4_lr_0.0075": COMBINED | {"step_weight": 0.4, "learning_rate": 0.0075},
     "combined_sw0.4_min_lr_0": COMBINED | {"step_weight": 0.4, "min_lr_ratio": 0.0},
+    "combined_sw0.4_min_lr_0.1": COMBINED | {"step_weight": 0.4, "min_lr_ratio": 0.1},
+    "combined_sw0.4_batch_1024_min_lr_0": COMBINED
+    | {"step_weight": 0.4, "batch_tokens": 1024, "min_lr_ratio": 0.0},
     "configured": None,  # the run's config.yaml train section as it is
 }
 SERVED_KS = (3, 5)
+PACKAGE = Path(eagleflow.__file__).parent
+READ_BACK: list[str] = []  # variants whose figures an earlier run of this code stored
 # Settings that say where things are, not how the drafter is trained.
 PLACES = ("shards", "vocab", "target", "out_vllm", "out_speculators", "metrics", "checkpoint_dir")
 
 
-def settings_for(run: Path, overrides: dict | None, steps: int | None, out: Path) -> TrainSettings:
+def settings_for(
+    run: Path,
+    overrides: dict | None,
+    steps: int | None,
+    out: Path,
+    seed: int | None = None,
+    threads: int = 0,
+) -> TrainSettings:
     train = yaml.safe_load((run / "config.yaml").read_text()).get("train", {})
     known = {f.name for f in fields(TrainSettings)}
     values = {k: v for k, v in train.items() if k in known}
-    values |= {"eval_every": 0, "checkpoint_every": 10**9, "threads": os.cpu_count() or 1}
+    values |= {"eval_every": 0, "checkpoint_every": 10**9}
+    values["threads"] = threads or os.cpu_count() or 1
+    if seed is not None:
+        values["seed"] = seed
     budget = (steps or values.get("steps", TrainSettings.steps)) * values.get(
         "batch_tokens", TrainSettings.batch_tokens
     )
@@ -133,13 +156,21 @@ def settings_for(run: Path, overrides: dict | None, steps: int | None, out: Path
     )
 
 
+def trainer_code() -> str:
+    """A hash of the training code: figures stored by other code are not read back."""
+    files = ("train.py", "drafter.py", "recipe.py", "loader.py")
+    digest = hashlib.sha256(b"".join((PACKAGE / name).read_bytes() for name in files))
+    return digest.hexdigest()[:16]
+
+
 def measure(s: TrainSettings, args: argparse.Namespace) -> dict:
     recipe = {k: v for k, v in asdict(s).items() if k not in PLACES}
     record = Path(s.out_vllm).parent / "figures.json"
     if record.is_file() and not args.fresh:
         figures = json.loads(record.read_text())
-        if figures["settings"] == recipe:
+        if figures["settings"] == recipe and figures.get("code") == trainer_code():
             print(f"{record}: read back", flush=True)
+            READ_BACK.append(record.parent.name)
             return figures
     start = time.perf_counter()
     heldout = train_drafter(s)
@@ -155,6 +186,7 @@ def measure(s: TrainSettings, args: argparse.Namespace) -> dict:
     }  # fmt: skip
     figures = {
         "settings": recipe,
+        "code": trainer_code(),
         "train_seconds": round(train_seconds, 1),
         "heldout": {f"acc_{k}": heldout[f"acc_{k}"] for k in range(min(3, s.ttt_steps))},
         "offline": {k: offline["by_k"][str(k)]["mean_acceptance_length"] for k in SERVED_KS},
@@ -178,6 +210,18 @@ def table_rows(by_variant: dict[str, dict]) -> list[Row]:
     return rows
 
 
+def mean_figures(runs: list[dict]) -> dict:
+    """The per-seed figures averaged, field by field."""
+
+    def average(key: str) -> dict:
+        return {k: sum(float(r[key][k]) for r in runs) / len(runs) for k in runs[0][key]}
+
+    seconds = sum(r["train_seconds"] for r in runs) / len(runs)
+    return {"settings": runs[0]["settings"] | {"seed": "mean"}, "train_seconds": seconds} | {
+        key: average(key) for key in ("heldout", "offline", "served")
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
@@ -189,6 +233,11 @@ def main() -> None:
     parser.add_argument(
         "--full-budget", default="", help="comma-separated variants also trained at the run's steps"
     )
+    parser.add_argument(
+        "--seeds", default="",
+        help="comma-separated seeds: every run again per seed (rows NAME#seedN), and a mean row",
+    )  # fmt: skip
+    parser.add_argument("--threads", type=int, default=0, help="torch threads (default: all)")
     parser.add_argument("--prompts", type=int, default=48)
     parser.add_argument("--max-tokens", type=int, default=192)
     parser.add_argument("--out", type=Path, help="default: RUN/results/bench/recipes")
@@ -208,13 +257,27 @@ def main() -> None:
         parser.error(f"unknown variants {unknown}; known: {', '.join(VARIANTS)}")
     runs = [(name, name, args.steps) for name in names]
     runs += [(f"{name}@full", name, None) for name in full]
+    seeds = [int(seed) for seed in args.seeds.split(",") if seed] or [None]
     by_variant = {}
-    for key, name, steps in runs:
-        print(f"== {key}: {VARIANTS[name] if VARIANTS[name] is not None else 'config.yaml'}")
-        settings = settings_for(run, VARIANTS[name], steps, out / key)
-        by_variant[key] = measure(settings, args)
-        print(json.dumps(by_variant[key]), flush=True)
-    finish(args, "Recipe ablations", table_rows(by_variant), by_variant)
+    for base_key, name, steps in runs:
+        for seed in seeds:
+            key = base_key if seed is None else f"{base_key}#seed{seed}"
+            print(f"== {key}: {VARIANTS[name] if VARIANTS[name] is not None else 'config.yaml'}")
+            settings = settings_for(run, VARIANTS[name], steps, out / key, seed, args.threads)
+            by_variant[key] = measure(settings, args)
+            print(json.dumps(by_variant[key]), flush=True)
+        if len(seeds) > 1:
+            by_variant[f"{base_key} (mean of seeds {args.seeds})"] = mean_figures(
+                [by_variant[f"{base_key}#seed{seed}"] for seed in seeds]
+            )
+    title = "Recipe ablations" + (f", seeds {args.seeds}" if len(seeds) > 1 else "")
+    notes = []
+    if READ_BACK:
+        notes.append(f"Read back from {out} (stored by an earlier run of the same code and "
+                     f"settings): {', '.join(READ_BACK)}.")  # fmt: skip
+    if args.threads:
+        notes.append(f"Trained with {args.threads} torch thread(s) per training.")
+    finish(args, title, table_rows(by_variant), by_variant, note=" ".join(notes))
 
 
 if __name__ == "__main__":

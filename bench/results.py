@@ -8,9 +8,9 @@ then renders every bench's stored rows: a section not run this time keeps its la
 with their date. A script that fails keeps its earlier rows, marked with the failure, and the
 exit status is then 1. `faults` (kill -9 and corruption trials), `one_pass` (the workflow twice,
 three drafter trainings), `fp8` (extraction, training and serving again with fp8 shards),
-`recipes` (a drafter trained per recipe variant) and `peer` (speculators' trainer, then both
-drafters served) are long and run only when named in `--only`; bench/gpu.py runs on a GPU
-machine and its stored rows are rendered like the others.
+`recipes` (a drafter trained per recipe variant), `peer` (speculators' trainer, then both
+drafters served) and `kernel_cache` (two trainings) are long and run only when named in
+`--only`; bench/gpu.py runs on a GPU machine and its stored rows are rendered like the others.
 
     .venv/bin/python bench/results.py --results results       # the default benches, render
     .venv/bin/python bench/results.py --only fp8 --results RUN/results
@@ -73,6 +73,7 @@ BENCHES = [
     ),
     Bench("projection", results_args),
     Bench("training", results_args),
+    Bench("kernel_cache", results_args, by_default=False),
     Bench("generation", model_args),
     Bench("acceptance", results_args),
     Bench("dag_scale", dag_args),
@@ -172,7 +173,7 @@ def render(records: dict[str, dict]) -> str:
         lines.append(f"- {chr(ord('A') + i)}:")
         lines += [f"  - {line}" for line in machine]
     for name, record in records.items():
-        source = f"bench/{name}.py"
+        source = f"bench/{name.split('.')[0]}.py"
         lines += ["", f"## {record.get('title', name)}", ""]
         if text := description(name):
             lines += [f"{text} (`{source}`)", ""]
@@ -239,9 +240,11 @@ def main() -> None:
         selected = [b for b in BENCHES if b.by_default and b.name not in (args.skip or [])]
     failed = [b.name for b in selected if run_bench(b, args)]
 
-    # Every bench's stored rows, in BENCHES' order, then any other (bench/gpu.py's).
+    # Every bench's stored rows, in BENCHES' order, then any other (bench/gpu.py's). A bench's
+    # further row files (NAME.PART.json, from a run with --rows) follow its own.
     paths = {p.stem: p for p in sorted(args.rows_dir.glob("*.json"))}
-    order = [n for n in names if n in paths] + [n for n in paths if n not in names]
+    order = [s for n in names for s in paths if s.split(".")[0] == n]
+    order += [s for s in paths if s not in order]
     records = {name: load(paths[name]) for name in order}
     args.out.write_text(render(records))
     print(f"\nwrote {shown_path(args.out)}: {len(records)} sections, from the rows in "

@@ -53,7 +53,7 @@ class TrainSettings:
     batch_tokens: int = 2048
     learning_rate: float = 5e-3
     warmup_steps: int = 100
-    min_lr_ratio: float = 0.1
+    min_lr_ratio: float = 0.0
     weight_decay: float = 0.0
     grad_clip: float = 1.0
     ttt_steps: int = 7
@@ -113,8 +113,10 @@ def ttt_terms(
     teacher_logp: torch.Tensor,
     argmax_in_draft: torch.Tensor,
     loss_mask: torch.Tensor,
+    accuracy: bool = True,
 ) -> tuple[list[torch.Tensor], list[torch.Tensor], list[torch.Tensor]]:
-    """Per step k: summed forward KL, number of valid slots and number of argmax matches.
+    """Per step k: summed forward KL, number of valid slots and number of argmax matches (zero
+    without `accuracy`: the argmaxes only feed logged metrics).
 
     Slot t of step k predicts token t+2+k with the teacher of position t+1+k. It counts when that
     token and the input token t+1+k are both assistant tokens (drafting starts at the last prompt
@@ -123,7 +125,11 @@ def ttt_terms(
     """
     kl_sums, counts, correct = [], [], []
     length = loss_mask.shape[1]
-    teacher_best = teacher_logp.argmax(-1)  # once, not per step
+    # KL(p || softmax(z)) = sum p log p + logsumexp(z) - p.z: the teacher's terms once per batch,
+    # two passes over each step's logits (log_softmax, then p * (log p - log q) took five).
+    teacher_p = teacher_logp.exp()
+    teacher_neg_entropy = (teacher_p * teacher_logp).sum(-1)
+    teacher_best = teacher_logp.argmax(-1) if accuracy else None
     for step, outputs in enumerate(draft_outputs):
         shift = min(1 + step, length)  # samples shorter than the chain: nothing counts
         # Slots t < T - shift, aligned with position t + shift: slices instead of shifted
@@ -132,13 +138,25 @@ def ttt_terms(
         next_is_assistant = torch.zeros_like(valid)
         next_is_assistant[:, :-1] = loss_mask[:, shift + 1 :]
         valid &= next_is_assistant
-        teacher = teacher_logp[:, shift:][valid]
-        draft_logp = torch.log_softmax(to_logits(outputs[:, : length - shift][valid]).float(), -1)
-        kl = (teacher.exp() * (teacher - draft_logp)).sum(-1)
+        rows = outputs[:, : length - shift][valid]
+        logits = to_logits(_pad_rows(rows)).float()[: rows.shape[0]]
+        cross = (teacher_p[:, shift:][valid] * logits).sum(-1)
+        kl = teacher_neg_entropy[:, shift:][valid] + torch.logsumexp(logits, -1) - cross
         kl_sums.append(kl.sum())
         counts.append(valid.sum())
-        correct.append((draft_logp.argmax(-1) == teacher_best[:, shift:][valid]).sum())
+        if teacher_best is None:
+            correct.append(torch.zeros((), dtype=torch.int64, device=valid.device))
+        else:
+            correct.append((logits.argmax(-1) == teacher_best[:, shift:][valid]).sum())
     return kl_sums, counts, correct
+
+
+def _pad_rows(rows: torch.Tensor, multiple: int = 128) -> torch.Tensor:
+    """Zero rows up to a multiple of `multiple`. On CPUs oneDNN compiles a kernel per matmul shape
+    and caches 1,024 of them: a new row count at every chain step of every batch evicted the
+    whole cache, and steps slowed as the run went on."""
+    extra = -rows.shape[0] % multiple
+    return torch.nn.functional.pad(rows, (0, 0, 0, extra)) if extra else rows
 
 
 def _padding_batch(cfg: DrafterConfig, length: int, device: torch.device) -> dict:
@@ -180,7 +198,12 @@ def learning_rate(step: int, s: TrainSettings) -> float:
 
 
 def _batch_terms(
-    model, head: TargetHead, batch: dict, s: TrainSettings, draft_ids: torch.Tensor
+    model,
+    head: TargetHead,
+    batch: dict,
+    s: TrainSettings,
+    draft_ids: torch.Tensor,
+    accuracy: bool = True,
 ) -> tuple[list[torch.Tensor], list[torch.Tensor], list[torch.Tensor]]:
     # The teacher stays in float32: bf16 would flip the target's argmax at near-ties.
     teacher_logp, argmax_in_draft = head.teacher(batch["last"], draft_ids)
@@ -190,7 +213,9 @@ def _batch_terms(
     bf16 = s.precision == "bf16" or (s.precision == "auto" and native_bf16(batch["aux"].device))
     with torch.autocast(device, dtype=torch.bfloat16, enabled=bf16):
         outputs = model(batch["aux"].float(), batch["input_ids"], head.embed, s.ttt_steps)
-        return ttt_terms(outputs, module.logits, teacher_logp, argmax_in_draft, batch["loss_mask"])
+        return ttt_terms(
+            outputs, module.logits, teacher_logp, argmax_in_draft, batch["loss_mask"], accuracy
+        )
 
 
 @torch.no_grad()
@@ -291,6 +316,11 @@ def train_drafter(s: TrainSettings) -> dict[str, float]:
     # computes ~100x slower: steps took twice as long late in a run. Flush them to zero, before
     # torch starts its thread pool so that every thread inherits the setting.
     torch.set_flush_denormal(True)
+    # oneDNN (CPU matmuls) compiles a kernel per shape and keeps 1,024; batches of varying length
+    # need a few thousand. Evicting them cost 11% of a 600-step run's tokens/s, 21% in its last
+    # quarter (bench/kernel_cache.py). Read when the first kernel is built: a process that
+    # already ran one keeps its setting.
+    os.environ.setdefault("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "8192")
     if s.threads:
         torch.set_num_threads(s.threads)
     rank, world = _rank_world()
@@ -364,7 +394,8 @@ def train_drafter(s: TrainSettings) -> dict[str, float]:
                 # wrapped model, on every rank: a padding-only sample gives zero terms (a backward
                 # without that forward left the other ranks waiting forever).
                 batch = _padding_batch(cfg, s.ttt_steps + 2, device)
-            kl, count, correct = _batch_terms(model, head, batch, s, draft_ids)
+            logged = (step + 1) % s.log_every == 0 or step + 1 == s.steps
+            kl, count, correct = _batch_terms(model, head, batch, s, draft_ids, accuracy=logged)
             tokens = int(batch["input_ids"].ne(0).sum())
             totals = _all_sum([*count, *correct, torch.tensor(tokens)])
             global_count = totals[: s.ttt_steps].clamp(min=1)

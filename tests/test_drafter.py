@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+import torch.nn.functional as F
 from safetensors import safe_open
 from safetensors.torch import load_file
 
@@ -136,6 +137,15 @@ def test_ttt_terms_mask_prompt_and_out_of_vocab_positions() -> None:
     assert counts[1].item() == 2
     assert all(k.item() >= 0 for k in kl)
     assert all(c <= n for c, n in zip(correct, counts, strict=True))
+    # The KL is forward KL(teacher || draft) summed over the counted slots of step 0 (2, 3).
+    reference = sum(
+        F.kl_div(torch.log_softmax(logits[0][0, t], -1), teacher[0, t + 1], log_target=True,
+                 reduction="sum")
+        for t in (2, 3)
+    )  # fmt: skip
+    torch.testing.assert_close(kl[0], reference)
+    _, _, skipped = ttt_terms(logits, lambda x: x, teacher, in_draft, loss_mask, accuracy=False)
+    assert all(c == 0 for c in skipped)
     # A drafter whose slot t equals the teacher of position t+1+k: zero loss, full accuracy.
     perfect = [teacher.roll(-1 - step, dims=1) for step in range(2)]
     kl, counts, correct = ttt_terms(perfect, lambda x: x, teacher, in_draft, loss_mask)
