@@ -394,6 +394,7 @@ def train_drafter(s: TrainSettings) -> dict[str, float]:
                 # wrapped model, on every rank: a padding-only sample gives zero terms (a backward
                 # without that forward left the other ranks waiting forever).
                 batch = _padding_batch(cfg, s.ttt_steps + 2, device)
+            # Argmaxes only where a metrics row is written: the row reports them.
             logged = (step + 1) % s.log_every == 0 or step + 1 == s.steps
             kl, count, correct = _batch_terms(model, head, batch, s, draft_ids, accuracy=logged)
             tokens = int(batch["input_ids"].ne(0).sum())
@@ -410,7 +411,7 @@ def train_drafter(s: TrainSettings) -> dict[str, float]:
             rate_tokens += int(totals[-1])
             global_loss = _all_sum([loss.detach() / world])[0]
             progress.advance(1, int(totals[-1]))
-            if metrics_log and (step % s.log_every == 0 or step == s.steps):
+            if metrics_log and logged:
                 elapsed = time.perf_counter() - rate_start
                 acc = totals[s.ttt_steps : 2 * s.ttt_steps] / global_count
                 row = {
