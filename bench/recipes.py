@@ -58,6 +58,7 @@ BASE = {
     "lr_schedule": "cosine",
     "ttt_steps": 7,
     "step_weight": 0.8,
+    "ema_decay": 0.0,
 }
 # The recipe of vLLM's speculators 0.9.0 trainer, as its flags map onto ours.
 PEER = {
@@ -79,6 +80,8 @@ COMBINED = {
     "lm_head_init": "target",
     "optimizer": "muon",
 }
+# The default recipe: COMBINED, steps weighted 0.4^k, cosine decay to 0.
+DEFAULT = COMBINED | {"step_weight": 0.4, "min_lr_ratio": 0.0}
 VARIANTS: dict[str, dict] = {
     "base": {},
     "lm_head_target": {"lm_head_init": "target"},
@@ -110,6 +113,11 @@ VARIANTS: dict[str, dict] = {
     "combined_sw0.4_min_lr_0.1": COMBINED | {"step_weight": 0.4, "min_lr_ratio": 0.1},
     "combined_sw0.4_batch_1024_min_lr_0": COMBINED
     | {"step_weight": 0.4, "batch_tokens": 1024, "min_lr_ratio": 0.0},
+    # Changes tried on top of the default (config.yaml as of session 19).
+    "default_lr_0.0035": DEFAULT | {"learning_rate": 0.0035},
+    "default_ema_0.995": DEFAULT | {"ema_decay": 0.995},
+    "default_ema_0.995_wd_0.1": DEFAULT | {"ema_decay": 0.995, "weight_decay": 0.1},
+    "default_ema_0.995_wd_0.3": DEFAULT | {"ema_decay": 0.995, "weight_decay": 0.3},
     "configured": None,  # the run's config.yaml train section as it is
 }
 SERVED_KS = (3, 5)

@@ -82,3 +82,32 @@ def build_optimizer(model: nn.Module, *, name: str, lr: float, weight_decay: flo
         matrices, lr=lr, weight_decay=weight_decay, adjust_lr_fn="match_rms_adamw"
     )
     return Optimizers([muon, *([torch.optim.AdamW(others, **adamw)] if others else [])])
+
+
+class WeightAverage:
+    """An exponential moving average of the trainable weights, for the exported drafter: it
+    averages about the last 1 / (1 - decay) steps instead of taking the last one's weights."""
+
+    def __init__(self, model: nn.Module, decay: float) -> None:
+        self.decay = decay
+        self.params = [p for p in model.parameters() if p.requires_grad]
+        self.average = [p.detach().clone() for p in self.params]
+        self.updates = 0
+
+    @torch.no_grad()
+    def update(self) -> None:
+        self.updates += 1
+        # Early steps weigh more than `decay` allows: the random start is forgotten quickly.
+        decay = min(self.decay, (1 + self.updates) / (10 + self.updates))
+        torch._foreach_lerp_(self.average, [p.detach() for p in self.params], 1 - decay)
+
+    @torch.no_grad()
+    def copy_to_model(self) -> None:
+        torch._foreach_copy_(self.params, self.average)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"average": self.average, "updates": self.updates}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        torch._foreach_copy_(self.average, state["average"])
+        self.updates = state["updates"]

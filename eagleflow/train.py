@@ -32,7 +32,7 @@ from eagleflow.loader import TrainBatches, list_samples, make_loader, pack_batch
 from eagleflow.logs import InputError, setup_job_logging
 from eagleflow.precision import native_bf16
 from eagleflow.progress import token_progress
-from eagleflow.recipe import build_optimizer, init_head_from_target, lr_at
+from eagleflow.recipe import WeightAverage, build_optimizer, init_head_from_target, lr_at
 from eagleflow.shards import open_shard
 from eagleflow.vocab import draft_to_target_ids, load_vocab_map
 
@@ -76,6 +76,8 @@ class TrainSettings:
     freeze_lm_head: bool = False
     optimizer: str = "muon"
     lr_schedule: str = "cosine"
+    # Export an exponential moving average of the weights (0: the last step's weights).
+    ema_decay: float = 0.0
     threads: int = 0  # torch threads per process; 0 = leave torch's choice
 
     def fingerprint(self) -> str:
@@ -255,13 +257,17 @@ def _checkpoints(directory: Path) -> list[Path]:
     return sorted(directory.glob("step-*.pt"))
 
 
-def save_checkpoint(directory: Path, step: int, model, optimizer, fingerprint: str) -> Path:
+def save_checkpoint(
+    directory: Path, step: int, model, optimizer, fingerprint: str, average=None
+) -> Path:
     state = {
         "step": step,
         "fingerprint": fingerprint,
         "model": (model.module if hasattr(model, "module") else model).state_dict(),
         "optimizer": optimizer.state_dict(),
     }
+    if average is not None:
+        state["average"] = average.state_dict()
     path = directory / f"step-{step:07d}.pt"
     with atomic_output(path) as tmp:
         torch.save(state, tmp)
@@ -345,6 +351,7 @@ def train_drafter(s: TrainSettings) -> dict[str, float]:
     optimizer = build_optimizer(
         model, name=s.optimizer, lr=s.learning_rate, weight_decay=s.weight_decay
     )
+    average = WeightAverage(model, s.ema_decay) if s.ema_decay else None
     checkpoint_dir = Path(s.checkpoint_dir)
     checkpoint_dir.mkdir(parents=True, exist_ok=True)
     fingerprint = s.fingerprint()
@@ -353,6 +360,8 @@ def train_drafter(s: TrainSettings) -> dict[str, float]:
     if state:
         model.load_state_dict(state["model"])
         optimizer.load_state_dict(state["optimizer"])
+        if average is not None:
+            average.load_state_dict(state["average"])
         start = state["step"]
         log.info("resuming from checkpoint %s at step %d of %d", state["path"], start, s.steps)
     else:
@@ -407,6 +416,8 @@ def train_drafter(s: TrainSettings) -> dict[str, float]:
             loss.backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), s.grad_clip)
             optimizer.step()
+            if average is not None:
+                average.update()
             step += 1
             rate_tokens += int(totals[-1])
             global_loss = _all_sum([loss.detach() / world])[0]
@@ -428,9 +439,11 @@ def train_drafter(s: TrainSettings) -> dict[str, float]:
                 )
                 rate_tokens, rate_start = 0, time.perf_counter()
             if step % s.checkpoint_every == 0 and step < s.steps and rank == 0:
-                save_checkpoint(checkpoint_dir, step, model, optimizer, fingerprint)
+                save_checkpoint(checkpoint_dir, step, model, optimizer, fingerprint, average)
             if s.eval_every and step % s.eval_every == 0 and step < s.steps:
                 _log_eval(model, head, s, draft_ids, step, metrics_log)
+    if average is not None:  # the averaged weights are evaluated and exported
+        average.copy_to_model()
     final = _log_eval(model, head, s, draft_ids, step, metrics_log)
     if rank == 0:
         with atomic_output(s.metrics) as tmp:

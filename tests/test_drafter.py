@@ -18,7 +18,7 @@ from eagleflow.drafter import DrafterConfig, Eagle3Drafter, rotate
 from eagleflow.export import RECIPE_FLAGS, export_speculators, export_vllm, load_drafter
 from eagleflow.loader import SampleRef, TrainBatches, epoch_batches
 from eagleflow.logs import InputError
-from eagleflow.recipe import build_optimizer, lr_at
+from eagleflow.recipe import WeightAverage, build_optimizer, lr_at
 from eagleflow.train import ttt_terms
 from eagleflow.vocab import (
     build_vocab_map,
@@ -207,6 +207,30 @@ def test_muon_takes_the_hidden_matrices_and_adamw_the_rest() -> None:
     assert in_muon == {n for n, p in model.named_parameters() if p.ndim == 2} - {"lm_head.weight"}
     assert in_adamw == {n for n, p in model.named_parameters() if p.ndim == 1}
     assert "input_norm.weight" in in_adamw and "lm_head.weight" not in in_adamw | in_muon
+
+
+def test_weight_average_is_the_moving_average_and_resumes_exactly() -> None:
+    model, _ = small_drafter()
+    model.lm_head.weight.requires_grad_(False)  # frozen weights are not averaged
+    average = WeightAverage(model, decay=0.9)
+    assert len(average.average) == sum(p.requires_grad for p in model.parameters())
+    fc = next(i for i, p in enumerate(average.params) if p is model.fc.weight)
+    expected = model.fc.weight.detach().clone()
+    for i in range(1, 4):
+        model.fc.weight.data.add_(torch.randn_like(expected))
+        average.update()
+        decay = min(0.9, (1 + i) / (10 + i))  # the first steps are forgotten faster
+        expected = decay * expected + (1 - decay) * model.fc.weight.detach()
+    torch.testing.assert_close(average.average[fc], expected)
+    resumed = WeightAverage(model, decay=0.9)  # as after a checkpoint: its count matters too
+    resumed.load_state_dict(average.state_dict())
+    for _ in range(3):
+        model.fc.weight.data.add_(torch.randn_like(expected))
+        average.update()
+        resumed.update()
+    assert all(torch.equal(a, b) for a, b in zip(average.average, resumed.average, strict=True))
+    average.copy_to_model()
+    assert torch.equal(model.fc.weight, average.average[fc])
 
 
 # What vLLM's Eagle3LlamaForCausalLM (vllm/model_executor/models/llama_eagle3.py, 0.32.0) and
