@@ -457,7 +457,7 @@ def train_drafter(s: TrainSettings) -> dict[str, float]:
             target=s.target,
             num_speculative_tokens=s.num_speculative_tokens,
         )
-        save_checkpoint(checkpoint_dir, step, model, optimizer, fingerprint)
+        save_checkpoint(checkpoint_dir, step, model, optimizer, fingerprint, average)
     return final
 
 

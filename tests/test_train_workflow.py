@@ -14,6 +14,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 import pytest
+import torch
 from conftest import (
     TRAINING_AND_DOWNSTREAM,
     run_snakemake,
@@ -70,7 +71,9 @@ if __name__ == "__main__":
 
 
 def test_killed_training_resumes_from_the_last_checkpoint(demo_copy: Path) -> None:
-    write_config(demo_copy, {"train": {"steps": 60, "checkpoint_every": 10, "log_every": 1}})
+    # With a weight average: its state travels in the checkpoints too.
+    train = {"steps": 60, "checkpoint_every": 10, "log_every": 1, "ema_decay": 0.9}
+    write_config(demo_copy, {"train": train})
     # The copied checkpoints belong to the demo run's settings: wait for this run's own.
     shutil.rmtree(demo_copy / "results/checkpoints/drafter")
     checkpoint = demo_copy / "results/checkpoints/drafter/step-0000020.pt"
@@ -84,6 +87,16 @@ def test_killed_training_resumes_from_the_last_checkpoint(demo_copy: Path) -> No
     assert 20 <= resumed_at < 60
     rows = [r for r in metrics(demo_copy / "results/drafter/metrics.tsv") if r["split"] == "train"]
     assert [int(r["step"]) for r in rows] == list(range(1, 61))  # each step logged once
+    # Outputs lost after a finished run: the final checkpoint re-exports the same drafter.
+    export = demo_copy / "results/drafter/vllm/model.safetensors"
+    weights = load_file(export)
+    shutil.rmtree(demo_copy / "results/drafter")
+    run_snakemake(demo_copy, "drafter")
+    log = (demo_copy / "results/logs/train.log").read_text()
+    assert "resuming from checkpoint" in log and " at step 60 of 60" in log
+    again = load_file(export)
+    assert weights.keys() == again.keys()
+    assert all(torch.equal(weights[name], again[name]) for name in weights)
 
 
 def test_two_torchrun_processes_follow_the_one_process_loss_curve(
