@@ -171,9 +171,11 @@ def default_in_process_core(model_dir: str | Path, settings: Mapping[str, Any]) 
 
 def in_process_core_blocked(model_dir: str | Path) -> bool:
     """Whether vLLM cannot start an in-process engine core for this target here (the
-    `LLVMLITE_SCAN_BUG`): on CPU, a multimodal wrapper (its processor imports numba, as
+    `LLVMLITE_SCAN_BUG`): on CPU, once numba's llvmlite is in this process (an earlier engine's
+    n-gram proposer imports it), or for a multimodal wrapper (its processor imports numba, as
     Kimi-K2.5's does) with numba installed. A core in its own process then hangs in extraction."""
     import importlib.util
+    import sys
 
     from vllm.platforms import current_platform
 
@@ -181,7 +183,7 @@ def in_process_core_blocked(model_dir: str | Path) -> bool:
 
     if not current_platform.is_cpu() or importlib.util.find_spec("numba") is None:
         return False
-    return "text_config" in read_target_config(model_dir)
+    return "llvmlite" in sys.modules or "text_config" in read_target_config(model_dir)
 
 
 def build_llm(

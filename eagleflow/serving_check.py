@@ -217,6 +217,11 @@ def serving_check(
         warnings.append(
             f"evaluate.other_served_ks {list(other_ks)}: not served (a server serves one K)"
         )
+    elif other_ks and str(float(data_temperature)) not in offline["by_temperature"]:
+        warnings.append(
+            f"evaluate.other_served_ks {list(other_ks)}: not served (they are gated at the "
+            f"data's temperature, {data_temperature:g}, which evaluate.temperatures leaves out)"
+        )
     elif "error" not in served:
         by_k, shortfalls = served_at_other_ks(
             other_ks, offline, data_temperature, tolerance, export_dir=export_dir,

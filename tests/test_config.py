@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -223,6 +225,12 @@ def test_cpu_engines_run_their_core_in_process_unless_replicated_or_blocked(
     assert not default_in_process_core(decoder, {"data_parallel_size": 2})
     has_numba = importlib.util.find_spec("numba") is not None
     assert default_in_process_core(wrapper, {}) is (cpu and not has_numba)
+    if has_numba:  # once an n-gram engine has brought llvmlite in (in a process of its own here)
+        code = (
+            "import sys, llvmlite; from eagleflow.engine import default_in_process_core; "
+            "sys.exit(default_in_process_core(sys.argv[1], {}))"
+        )
+        assert subprocess.run([sys.executable, "-c", code, str(decoder)]).returncode == 0
 
 
 def test_cpu_engine_workers_get_a_core_list_each() -> None:
