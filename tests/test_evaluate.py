@@ -129,7 +129,12 @@ def test_broken_sampling_engine_is_named_an_engine_fault(
     if not expand_kernel_faulty():
         pytest.skip("this vLLM's CPU expand_kernel is correct: nothing to show")
     config = yaml.safe_load((demo_copy / "config.yaml").read_text())
-    config["evaluate"] = {**config.get("evaluate", {}), "temperatures": [1.0]}
+    # K=5 is gated at the data's temperature (0), which the check does not serve: skipped
+    config["evaluate"] = {
+        **config.get("evaluate", {}),
+        "temperatures": [1.0],
+        "other_served_ks": [5],
+    }
     (demo_copy / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
     monkeypatch.setenv("VLLM_PLUGINS", "none")  # vLLM's allow-list: load no plugin
     result = run_snakemake(demo_copy, "results/eval/serving.json", check=False)
@@ -140,6 +145,9 @@ def test_broken_sampling_engine_is_named_an_engine_fault(
     assert "T=1: outputs sampled with the drafter are not the target's own" in failure
     assert "ENGINE FAULT, not the drafter's" in failure
     assert not (demo_copy / "results/eval/serving.json").exists()
+    rejected = json.loads((demo_copy / "results/eval/serving.rejected.json").read_text())
+    assert any("[5]: not served (they are gated at the data's temperature, 0" in warning
+               for warning in rejected["warnings"]), rejected["warnings"]  # fmt: skip
 
 
 def break_export(export: Path, fault: str) -> None:
