@@ -118,8 +118,6 @@ VARIANTS: dict[str, dict] = {
     "default_ema_0.995": DEFAULT | {"ema_decay": 0.995},
     "default_ema_0.995_wd_0.1": DEFAULT | {"ema_decay": 0.995, "weight_decay": 0.1},
     "default_ema_0.995_wd_0.3": DEFAULT | {"ema_decay": 0.995, "weight_decay": 0.3},
-    "default_head_lr_0.3": DEFAULT | {"lm_head_lr_scale": 0.3},
-    "default_head_lr_0.1": DEFAULT | {"lm_head_lr_scale": 0.1},
     "configured": None,  # the run's config.yaml train section as it is
 }
 SERVED_KS = (3, 5)

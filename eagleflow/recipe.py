@@ -65,40 +65,23 @@ class Optimizers:
             opt.load_state_dict(state)
 
 
-def build_optimizer(
-    model: nn.Module, *, name: str, lr: float, weight_decay: float, lm_head_lr_scale: float = 1.0
-) -> Optimizers:
+def build_optimizer(model: nn.Module, *, name: str, lr: float, weight_decay: float) -> Optimizers:
     """AdamW for every trainable parameter, or Muon for the hidden matrices (fc, attention, MLP)
     with AdamW for the norms and the lm_head, as Muon's authors apply it. Muon's step is scaled
-    to AdamW's update size (`match_rms_adamw`), so one learning rate serves both. Each param
-    group carries `lr_scale`, its learning rate's fraction of the schedule's: the lm_head's is
-    `lm_head_lr_scale`, the others' 1."""
+    to AdamW's update size (`match_rms_adamw`), so one learning rate serves both."""
     trainable = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
-    head = [p for n, p in trainable if n.startswith("lm_head")]
-    rest = [(n, p) for n, p in trainable if not n.startswith("lm_head")]
-
-    def groups(params: list[nn.Parameter]) -> list[dict[str, Any]]:
-        scaled = [{"params": head, "lr_scale": lm_head_lr_scale}] if head else []
-        return [{"params": params, "lr_scale": 1.0}, *scaled]
-
     adamw = dict(lr=lr, weight_decay=weight_decay, betas=(0.9, 0.95))
     if name == "adamw":
-        return Optimizers([torch.optim.AdamW(groups([p for _, p in rest]), **adamw)])
+        return Optimizers([torch.optim.AdamW([p for _, p in trainable], **adamw)])
     if name != "muon":
         raise ValueError(f"optimizer {name!r}: expected one of {', '.join(OPTIMIZERS)}")
-    matrices = [p for _, p in rest if p.ndim == 2]
-    others = [p for _, p in rest if p.ndim != 2]
+    matrices, others = [], []
+    for n, p in trainable:
+        (matrices if p.ndim == 2 and not n.startswith("lm_head") else others).append(p)
     muon = torch.optim.Muon(
-        [{"params": matrices, "lr_scale": 1.0}],
-        lr=lr, weight_decay=weight_decay, adjust_lr_fn="match_rms_adamw",
-    )  # fmt: skip
-    return Optimizers([muon, torch.optim.AdamW(groups(others), **adamw)])
-
-
-def set_learning_rate(optimizer: Optimizers, lr: float) -> None:
-    """The schedule's learning rate for this step, times each group's `lr_scale`."""
-    for group in optimizer.param_groups:
-        group["lr"] = lr * group["lr_scale"]
+        matrices, lr=lr, weight_decay=weight_decay, adjust_lr_fn="match_rms_adamw"
+    )
+    return Optimizers([muon, *([torch.optim.AdamW(others, **adamw)] if others else [])])
 
 
 class WeightAverage:

@@ -32,13 +32,7 @@ from eagleflow.loader import TrainBatches, list_samples, make_loader, pack_batch
 from eagleflow.logs import InputError, setup_job_logging
 from eagleflow.precision import native_bf16
 from eagleflow.progress import token_progress
-from eagleflow.recipe import (
-    WeightAverage,
-    build_optimizer,
-    init_head_from_target,
-    lr_at,
-    set_learning_rate,
-)
+from eagleflow.recipe import WeightAverage, build_optimizer, init_head_from_target, lr_at
 from eagleflow.shards import open_shard
 from eagleflow.vocab import draft_to_target_ids, load_vocab_map
 
@@ -80,9 +74,6 @@ class TrainSettings:
     norm_output: bool = False
     lm_head_init: str = "target"
     freeze_lm_head: bool = False
-    # The lm_head's learning rate as a fraction of learning_rate (it starts trained, as the
-    # target's rows, with `lm_head_init: target`).
-    lm_head_lr_scale: float = 1.0
     optimizer: str = "muon"
     lr_schedule: str = "cosine"
     # Export an exponential moving average of the weights (0: the last step's weights).
@@ -358,9 +349,8 @@ def train_drafter(s: TrainSettings) -> dict[str, float]:
         init_head_from_target(model, head.norm.weight, head.lm_head, draft_ids)
     model.lm_head.weight.requires_grad_(not s.freeze_lm_head)
     optimizer = build_optimizer(
-        model, name=s.optimizer, lr=s.learning_rate, weight_decay=s.weight_decay,
-        lm_head_lr_scale=s.lm_head_lr_scale,
-    )  # fmt: skip
+        model, name=s.optimizer, lr=s.learning_rate, weight_decay=s.weight_decay
+    )
     average = WeightAverage(model, s.ema_decay) if s.ema_decay else None
     checkpoint_dir = Path(s.checkpoint_dir)
     checkpoint_dir.mkdir(parents=True, exist_ok=True)
@@ -406,7 +396,8 @@ def train_drafter(s: TrainSettings) -> dict[str, float]:
     with bar as progress:
         for batch in loader:
             batch = _on(batch, device)
-            set_learning_rate(optimizer, learning_rate(step, s))
+            for group in optimizer.param_groups:
+                group["lr"] = learning_rate(step, s)
             if "empty" in batch:  # no sample for this rank in a small global batch
                 # DDP all-reduces the gradients of a backward that follows a forward through the
                 # wrapped model, on every rank: a padding-only sample gives zero terms (a backward

@@ -18,7 +18,7 @@ from eagleflow.drafter import DrafterConfig, Eagle3Drafter, rotate
 from eagleflow.export import RECIPE_FLAGS, export_speculators, export_vllm, load_drafter
 from eagleflow.loader import SampleRef, TrainBatches, epoch_batches
 from eagleflow.logs import InputError
-from eagleflow.recipe import WeightAverage, build_optimizer, lr_at, set_learning_rate
+from eagleflow.recipe import WeightAverage, build_optimizer, lr_at
 from eagleflow.train import ttt_terms
 from eagleflow.vocab import (
     build_vocab_map,
@@ -207,29 +207,6 @@ def test_muon_takes_the_hidden_matrices_and_adamw_the_rest() -> None:
     assert in_muon == {n for n, p in model.named_parameters() if p.ndim == 2} - {"lm_head.weight"}
     assert in_adamw == {n for n, p in model.named_parameters() if p.ndim == 1}
     assert "input_norm.weight" in in_adamw and "lm_head.weight" not in in_adamw | in_muon
-
-
-@pytest.mark.parametrize("name", ["muon", "adamw"])
-def test_lm_head_learns_at_its_fraction_of_the_learning_rate(name: str) -> None:
-    """`lm_head_lr_scale`: each step sets every group's lr to the schedule's times the group's
-    `lr_scale`; only the lm_head's group has a scale other than 1."""
-    model, _ = small_drafter(norm_before_fc=True)
-    optimizer = build_optimizer(
-        model.float(), name=name, lr=0.01, weight_decay=0.0, lm_head_lr_scale=0.25
-    )
-    names = {id(p): n for n, p in model.named_parameters()}
-    scales = {names[id(p)]: g["lr_scale"] for g in optimizer.param_groups for p in g["params"]}
-    assert scales.pop("lm_head.weight") == 0.25
-    assert set(scales.values()) == {1.0} and len(scales) == len(names) - 1
-    # AdamW's first step moves each weight by about its lr: the head's moves a quarter as far.
-    before = {n: p.detach().clone() for n, p in model.named_parameters()}
-    set_learning_rate(optimizer, 0.01)
-    for p in model.parameters():
-        p.grad = torch.randn_like(p)
-    optimizer.step()
-    moved = {n: (p.detach() - before[n]).abs().max().item() for n, p in model.named_parameters()}
-    assert moved["lm_head.weight"] == pytest.approx(0.0025, rel=0.01)
-    assert moved["input_norm.weight"] == pytest.approx(0.01, rel=0.01)
 
 
 def test_weight_average_is_the_moving_average_and_resumes_exactly() -> None:
