@@ -182,22 +182,6 @@ def score_outputs(
     return results
 
 
-def generate_plain(
-    target: str | Path,
-    prompt_token_ids: list[list[int]],
-    *,
-    max_tokens: int,
-    max_model_len: int,
-    options: Mapping[str, Any] | None = None,
-) -> tuple[list[list[int]], float]:
-    """Greedy generation without speculation: outputs and seconds."""
-    served, _ = serve(
-        target, prompt_token_ids, max_tokens=max_tokens, max_model_len=max_model_len,
-        options=options,
-    )  # fmt: skip
-    return served[0.0].outputs, served[0.0].seconds
-
-
 def eagle3_config(drafter: str | Path, num_speculative_tokens: int) -> dict:
     return {
         "method": "eagle3",
