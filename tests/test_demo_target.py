@@ -1,22 +1,27 @@
-"""The demo target: a correct, held-out corpus and a deterministic, well-formed build.
+"""The demo target: a correct, held-out corpus, a deterministic, well-formed build, and the
+shipped build of the default settings.
 
-Builds here are tiny (a few steps on a few hundred conversations); the full-quality build is
-checked with vLLM elsewhere.
+Builds here are tiny (a few steps on a few hundred conversations); the full-quality build (the
+shipped one) is checked with vLLM elsewhere.
 """
 
 import hashlib
 import os
 import random
 import re
+import shutil
 from pathlib import Path
 
 import pytest
+import torch
+import yaml
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
-from eagleflow.demo import corpus
+from eagleflow.demo import corpus, shipped
 from eagleflow.demo.target import build_demo_target
+from eagleflow.logs import InputError
 
 TINY_BUILD = {
     "train_steps": 2,
@@ -171,3 +176,46 @@ def test_built_model_loads_with_expected_invariants(tiny_target: Path) -> None:
     with torch.no_grad():
         generated = model.generate(**inputs, max_new_tokens=4, do_sample=False)
     assert generated.shape[1] > inputs["input_ids"].shape[1]
+
+
+def test_shipped_target_is_what_its_manifest_and_the_build_code_say() -> None:
+    """Its files are the manifest's, built by this code with this torch: after a change to
+    the build, `python -m eagleflow.demo.shipped --refresh` ships the new build."""
+    manifest = shipped.shipped_manifest()
+    files = {name: _sha256(shipped.SHIPPED_DIR / name) for name in manifest["files"]}
+    assert files == manifest["files"]
+    shipped_names = sorted(p.name for p in shipped.SHIPPED_DIR.iterdir())
+    assert shipped_names == sorted([*files, "manifest.json"])
+    refresh = "the demo build changed: run `python -m eagleflow.demo.shipped --refresh`"
+    assert shipped.build_code_sha256() == manifest["build_code_sha256"], refresh
+    assert torch.__version__.split("+")[0] == manifest["torch"].split("+")[0], refresh
+    # The demo's settings: `snakemake --cores all` copies it.
+    config = yaml.safe_load((Path(__file__).parents[1] / "config.yaml").read_text())
+    assert manifest["settings"] == config["demo_target"]
+
+
+def test_default_settings_copy_the_shipped_target_and_others_are_built(tmp_path: Path) -> None:
+    out_dir = tmp_path / "target"
+    out_dir.mkdir()
+    (out_dir / "stale.txt").write_text("from an older build")
+    summary = shipped.provide_demo_target(out_dir, **shipped.shipped_manifest()["settings"])
+    assert summary["source"].startswith("shipped")
+    assert {p.name: _sha256(p) for p in out_dir.iterdir()} == shipped.shipped_manifest()["files"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["target"]
+    built = shipped.provide_demo_target(tmp_path / "tiny", **TINY_BUILD)
+    assert built["source"] == "built here" and built["steps"] == TINY_BUILD["train_steps"]
+
+
+def test_corrupt_shipped_file_is_named_and_leaves_no_target(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    copy = tmp_path / "shipped_target"
+    shutil.copytree(shipped.SHIPPED_DIR, copy)
+    tokenizer = copy / "tokenizer.json"
+    tokenizer.write_text(tokenizer.read_text().replace("<think>", "<thonk>"))
+    monkeypatch.setattr(shipped, "SHIPPED_DIR", copy)
+    monkeypatch.setattr(shipped, "MANIFEST", copy / "manifest.json")
+    out_dir = tmp_path / "run" / "target"
+    with pytest.raises(InputError, match=r"shipped_target/tokenizer\.json: sha256 differs"):
+        shipped.provide_demo_target(out_dir, **shipped.shipped_manifest()["settings"])
+    assert list((tmp_path / "run").iterdir()) == []  # no target, no staging left

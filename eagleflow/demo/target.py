@@ -219,7 +219,7 @@ def _train(
     return losses
 
 
-def _replace_directory(staging: Path, out_dir: Path) -> None:
+def replace_directory(staging: Path, out_dir: Path) -> None:
     """Move a complete staging directory onto `out_dir`, replacing what was there."""
     retired = out_dir.with_name(f".{out_dir.name}.old")
     shutil.rmtree(retired, ignore_errors=True)
@@ -296,7 +296,7 @@ def build_demo_target(
         )
         model.to(torch.bfloat16).save_pretrained(staging)
         tokenizer.save_pretrained(staging)
-        _replace_directory(staging, out_dir)
+        replace_directory(staging, out_dir)
     finally:
         torch.set_num_threads(previous_threads)
         torch.use_deterministic_algorithms(previous_deterministic)
