@@ -20,14 +20,11 @@ from pathlib import Path
 from typing import Any
 
 from eagleflow.demo import corpus, target
+from eagleflow.files import sha256_file
 from eagleflow.logs import InputError
 
 SHIPPED_DIR = Path(__file__).with_name("shipped_target")
 MANIFEST = SHIPPED_DIR / "manifest.json"
-
-
-def sha256(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
 def build_code_sha256() -> str:
@@ -43,7 +40,8 @@ def shipped_manifest() -> dict[str, Any]:
 
 
 def _target_files(directory: Path) -> dict[str, str]:
-    return {p.name: sha256(p) for p in sorted(directory.iterdir()) if not p.name.startswith(".")}
+    files = sorted(p for p in directory.iterdir() if not p.name.startswith("."))
+    return {p.name: sha256_file(p) for p in files}
 
 
 def copy_shipped(out_dir: str | Path) -> None:
@@ -54,7 +52,7 @@ def copy_shipped(out_dir: str | Path) -> None:
     staging.mkdir(parents=True)
     for name, expected in shipped_manifest()["files"].items():
         shutil.copyfile(SHIPPED_DIR / name, staging / name)
-        if sha256(staging / name) != expected:
+        if sha256_file(staging / name) != expected:
             shutil.rmtree(staging)
             raise InputError(
                 f"{SHIPPED_DIR / name}: sha256 differs from {MANIFEST.name}; restore it from git "
