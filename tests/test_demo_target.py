@@ -206,16 +206,23 @@ def test_default_settings_copy_the_shipped_target_and_others_are_built(tmp_path:
     assert built["source"] == "built here" and built["steps"] == TINY_BUILD["train_steps"]
 
 
-def test_corrupt_shipped_file_is_named_and_leaves_no_target(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+@pytest.mark.parametrize(
+    ("damage", "message"),
+    [("change", "sha256 differs"), ("delete", "listed in manifest.json but missing")],
+)
+def test_damaged_shipped_file_is_named_and_leaves_no_target(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, damage: str, message: str
 ) -> None:
     copy = tmp_path / "shipped_target"
     shutil.copytree(shipped.SHIPPED_DIR, copy)
     tokenizer = copy / "tokenizer.json"
-    tokenizer.write_text(tokenizer.read_text().replace("<think>", "<thonk>"))
+    if damage == "change":
+        tokenizer.write_text(tokenizer.read_text().replace("<think>", "<thonk>"))
+    else:
+        tokenizer.unlink()
     monkeypatch.setattr(shipped, "SHIPPED_DIR", copy)
     monkeypatch.setattr(shipped, "MANIFEST", copy / "manifest.json")
     out_dir = tmp_path / "run" / "target"
-    with pytest.raises(InputError, match=r"shipped_target/tokenizer\.json: sha256 differs"):
+    with pytest.raises(InputError, match=rf"shipped_target/tokenizer\.json: {message}"):
         shipped.provide_demo_target(out_dir, **shipped.shipped_manifest()["settings"])
     assert list((tmp_path / "run").iterdir()) == []  # no target, no staging left

@@ -44,18 +44,25 @@ def _target_files(directory: Path) -> dict[str, str]:
     return {p.name: sha256_file(p) for p in files}
 
 
-def copy_shipped(out_dir: str | Path) -> None:
+def copy_shipped(out_dir: str | Path, manifest: dict[str, Any]) -> None:
     """Copy the shipped target to `out_dir` (replacing it whole), each file checked first."""
     out_dir = Path(out_dir)
     staging = out_dir.with_name(f".{out_dir.name}.tmp")
     shutil.rmtree(staging, ignore_errors=True)
     staging.mkdir(parents=True)
-    for name, expected in shipped_manifest()["files"].items():
-        shutil.copyfile(SHIPPED_DIR / name, staging / name)
-        if sha256_file(staging / name) != expected:
+    for name, expected in manifest["files"].items():
+        source = SHIPPED_DIR / name
+        problem = None
+        if not source.is_file():
+            problem = f"listed in {MANIFEST.name} but missing"
+        else:
+            shutil.copyfile(source, staging / name)
+            if sha256_file(staging / name) != expected:
+                problem = f"sha256 differs from {MANIFEST.name}"
+        if problem:
             shutil.rmtree(staging)
             raise InputError(
-                f"{SHIPPED_DIR / name}: sha256 differs from {MANIFEST.name}; restore it from git "
+                f"{source}: {problem}; restore it from git "
                 "(`git checkout -- eagleflow/demo/shipped_target`)"
             )
     target.replace_directory(staging, out_dir)
@@ -66,7 +73,7 @@ def provide_demo_target(out_dir: str | Path, **settings: Any) -> dict[str, Any]:
     build's, else a build. Returns the build summary and where it came from."""
     manifest = shipped_manifest()
     if settings == manifest["settings"]:
-        copy_shipped(out_dir)
+        copy_shipped(out_dir, manifest)
         return {"source": f"shipped ({manifest['built_on']})", **manifest["summary"]}
     return {"source": "built here", **target.build_demo_target(out_dir, **settings)}
 
