@@ -226,3 +226,24 @@ def test_damaged_shipped_file_is_named_and_leaves_no_target(
     with pytest.raises(InputError, match=rf"shipped_target/tokenizer\.json: {message}"):
         shipped.provide_demo_target(out_dir, **shipped.shipped_manifest()["settings"])
     assert list((tmp_path / "run").iterdir()) == []  # no target, no staging left
+
+
+def test_refresh_ships_a_build_that_check_confirms_and_the_job_copies(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`--refresh` then `--check` end to end, on tiny settings in a stand-in shipped directory."""
+    stand_in = tmp_path / "shipped_target"
+    stand_in.mkdir()
+    (stand_in / "stale.bin").write_bytes(b"an older shipped build")
+    monkeypatch.setattr(shipped, "SHIPPED_DIR", stand_in)
+    monkeypatch.setattr(shipped, "MANIFEST", stand_in / "manifest.json")
+    manifest = shipped.refresh(TINY_BUILD)
+    assert shipped.shipped_manifest() == manifest
+    assert manifest["settings"] == TINY_BUILD
+    assert manifest["build_code_sha256"] == shipped.build_code_sha256()
+    names = sorted(p.name for p in stand_in.iterdir())
+    assert names == sorted([*manifest["files"], "manifest.json"])  # the stale file is gone
+    assert {name: _sha256(stand_in / name) for name in manifest["files"]} == manifest["files"]
+    assert shipped.check_rebuild() == []  # a rebuild here has the same bits
+    summary = shipped.provide_demo_target(tmp_path / "run" / "target", **TINY_BUILD)
+    assert summary["source"].startswith("shipped")
