@@ -26,7 +26,9 @@ What it does:
   4. Serves ours (`--ours`, results/drafter/vllm) and the peer's last checkpoint
      (speculators-format config.json + model.safetensors, which vLLM reads as method eagle3)
      with `eagleflow.serving_check.serving_acceptance` on the same held-out prompts at each K, and
-     prints the served mean acceptance lengths and ours / peer (goal >= 1.05 at K=3 and K=5).
+     prints the served mean acceptance lengths and ours / peer (goal >= 1.05 at K=3 and K=5,
+     greedy). It also serves them at each `--sampled` temperature (default 1.0, seeded per
+     prompt): reasoning targets are served sampled, so the comparison is reported there too.
 
 `--mean-of ROWS...` does none of that: it averages the served figures of stored runs of this
 bench (one per train seed, each with `--config` of that seed) and stores ours / peer of the
@@ -102,6 +104,7 @@ import argparse
 import glob
 import json
 import os
+import re
 import shutil
 import statistics
 import subprocess
@@ -416,6 +419,14 @@ def table_rows(f: dict) -> list[Row]:
             rows.append(goal_row(f"ours / peer, served, K={k}", ratio, GOAL_RATIO, f"ratio.{k}"))
         else:
             rows.append(Row(f"ours / peer, served, K={k}", f"{ratio:.2f}", key=f"ratio.{k}"))
+    for t, served in (f.get("served_sampled") or {}).items():
+        for k in f["ks"]:
+            ours, peer = served["ours"][str(k)], served["peer"][str(k)]
+            rows += [
+                Row(f"served mean acceptance length, K={k}, T={t}, ours / peer",
+                    f"{ours:.3f} / {peer:.3f}", key=f"served_sampled.{t}.*.{k}"),
+                Row(f"ours / peer, served, K={k}, T={t}", f"{ours / peer:.2f}"),
+            ]  # fmt: skip
     for k, value in (f.get("offline_ours") or {}).items():
         rows.append(Row(f"offline mean acceptance length of ours, K={k}", f"{value:.3f}",
                         key=f"offline_ours.{k}"))  # fmt: skip
@@ -425,27 +436,30 @@ def table_rows(f: dict) -> list[Row]:
 def seed_mean_rows(stored: list[Path]) -> list[Row]:
     """Both drafters' served acceptance averaged over stored runs of this bench (one per train
     seed), read from their `served.*.K` rows, and ours / peer of those means."""
-    served: dict[str, list[tuple[float, float]]] = {}
+    served: dict[tuple[str, str], list[tuple[float, float]]] = {}  # (K, T) -> per run
     for path in stored:
         for row in load(path)["rows"]:
-            if row.key.startswith("served.*."):
+            if match := re.fullmatch(r"served(?:_sampled\.([\d.]+))?\.\*\.(\d+)", row.key):
                 ours, peer = (float(x) for x in row.value.split(" / "))
-                served.setdefault(row.key.removeprefix("served.*."), []).append((ours, peer))
+                k, t = match.group(2), match.group(1) or "0.0"
+                served.setdefault((k, t), []).append((ours, peer))
     rows = []
-    for k, pairs in served.items():
+    for (k, t), pairs in served.items():
         ours, peer = (statistics.fmean(side) for side in zip(*pairs, strict=True))
         runs = f"{len(pairs)} runs"
+        at = f"K={k}" if t == "0.0" else f"K={k}, T={t}"
+        key = k if t == "0.0" else f"{k}.T{t}"
         rows += [
-            Row(f"served mean acceptance length, K={k}, ours / peer, each run",
-                ", ".join(f"{a:.3f} / {b:.3f}" for a, b in pairs), key=f"served.*.{k}"),
-            Row(f"served mean acceptance length, K={k}, ours / peer, mean of {runs}",
-                f"{ours:.3f} / {peer:.3f}", key=f"mean.*.{k}"),
+            Row(f"served mean acceptance length, {at}, ours / peer, each run",
+                ", ".join(f"{a:.3f} / {b:.3f}" for a, b in pairs), key=f"served.*.{key}"),
+            Row(f"served mean acceptance length, {at}, ours / peer, mean of {runs}",
+                f"{ours:.3f} / {peer:.3f}", key=f"mean.*.{key}"),
         ]  # fmt: skip
-        # Three decimals: the means of a few runs sit near the goal.
-        gated = int(k) in GOAL_KS
-        rows.append(Row(f"ours / peer, served, K={k}, means of {runs}", f"{ours / peer:.3f}",
+        # Three decimals: the means of a few runs sit near the goal. The goal is greedy's.
+        gated = int(k) in GOAL_KS and t == "0.0"
+        rows.append(Row(f"ours / peer, served, {at}, means of {runs}", f"{ours / peer:.3f}",
                         f">= {GOAL_RATIO:g}" if gated else "",
-                        ours / peer >= GOAL_RATIO if gated else None, f"ratio.{k}"))  # fmt: skip
+                        ours / peer >= GOAL_RATIO if gated else None, f"ratio.{key}"))  # fmt: skip
     return rows
 
 
@@ -482,6 +496,11 @@ def main() -> None:
         help="a peer export (config.json + model.safetensors): skip training",
     )
     parser.add_argument("--ks", type=int, nargs="+", default=[3, 5])
+    parser.add_argument(
+        "--sampled", type=float, nargs="*", default=[1.0],
+        help="temperatures also served (seeded), beside greedy: how the drafters compare when "
+        "the target is served sampled (the goal is greedy's)",
+    )  # fmt: skip
     parser.add_argument("--prompts", type=int, default=100)
     parser.add_argument("--max-tokens", type=int, default=256)
     parser.add_argument(
@@ -545,17 +564,21 @@ def main() -> None:
     if not args.no_offline:
         report = offline_acceptance(ours, shards, target, heldout_fraction=heldout, ks=args.ks)
         offline = {k: v["mean_acceptance_length"] for k, v in report["by_k"].items()}
-    served = {"ours": {}, "peer": {}}
+    # By temperature, then drafter, then K; greedy first (the goal), then the sampled ones.
+    by_temperature: dict[str, dict[str, dict[str, float]]] = {}
     for k in args.ks:
         for name, export in (("ours", ours), ("peer", peer)):
             report = serving_acceptance(
                 export, shards, target, heldout_fraction=heldout, k=k,
                 max_tokens=args.max_tokens, max_model_len=1024, max_prompts=args.prompts,
-                compare_plain=False,
+                temperatures=[0.0, *(t for t in args.sampled if t > 0)], compare_plain=False,
             )  # fmt: skip
-            served[name][str(k)] = report["mean_acceptance_length"]
-            print(f"served K={k} {name}: {report['mean_acceptance_length']:.3f} "
-                  f"({report['prompts']} prompts)", flush=True)  # fmt: skip
+            for t, at_t in report["by_temperature"].items():
+                length = at_t["mean_acceptance_length"]
+                by_temperature.setdefault(t, {"ours": {}, "peer": {}})[name][str(k)] = length
+                print(f"served K={k} T={t} {name}: {length:.3f} ({report['prompts']} prompts)",
+                      flush=True)  # fmt: skip
+    served = by_temperature.pop("0.0")
     figures = {
         "ks": args.ks,
         "our_tokens": our_tokens,
@@ -568,6 +591,7 @@ def main() -> None:
         "peer_version": schedule.get("version"),
         "peer_export": str(peer),
         "served": served,
+        "served_sampled": by_temperature,
         "ratio": {str(k): served["ours"][str(k)] / served["peer"][str(k)] for k in args.ks},
         "offline_ours": offline,
         "prompts": args.prompts,
