@@ -44,6 +44,13 @@ def _sha256(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
+def _assert_shipped_files_match(directory: Path, manifest: dict) -> None:
+    """The directory holds exactly the manifest's files (and the manifest), with its sha256s."""
+    assert {name: _sha256(directory / name) for name in manifest["files"]} == manifest["files"]
+    names = sorted(p.name for p in directory.iterdir())
+    assert names == sorted([*manifest["files"], "manifest.json"])
+
+
 @pytest.fixture(scope="module")
 def tiny_target(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out_dir = tmp_path_factory.mktemp("tiny") / "target"
@@ -182,10 +189,7 @@ def test_shipped_target_is_what_its_manifest_and_the_build_code_say() -> None:
     """Its files are the manifest's, built by this code with this torch: after a change to
     the build, `python -m eagleflow.demo.shipped --refresh` ships the new build."""
     manifest = shipped.shipped_manifest()
-    files = {name: _sha256(shipped.SHIPPED_DIR / name) for name in manifest["files"]}
-    assert files == manifest["files"]
-    shipped_names = sorted(p.name for p in shipped.SHIPPED_DIR.iterdir())
-    assert shipped_names == sorted([*files, "manifest.json"])
+    _assert_shipped_files_match(shipped.SHIPPED_DIR, manifest)
     refresh = "the demo build changed: run `python -m eagleflow.demo.shipped --refresh`"
     assert shipped.build_code_sha256() == manifest["build_code_sha256"], refresh
     assert torch.__version__.split("+")[0] == manifest["torch"].split("+")[0], refresh
@@ -241,9 +245,7 @@ def test_refresh_ships_a_build_that_check_confirms_and_the_job_copies(
     assert shipped.shipped_manifest() == manifest
     assert manifest["settings"] == TINY_BUILD
     assert manifest["build_code_sha256"] == shipped.build_code_sha256()
-    names = sorted(p.name for p in stand_in.iterdir())
-    assert names == sorted([*manifest["files"], "manifest.json"])  # the stale file is gone
-    assert {name: _sha256(stand_in / name) for name in manifest["files"]} == manifest["files"]
+    _assert_shipped_files_match(stand_in, manifest)  # the stale file is gone
     assert shipped.check_rebuild() == []  # a rebuild here has the same bits
     summary = shipped.provide_demo_target(tmp_path / "run" / "target", **TINY_BUILD)
     assert summary["source"].startswith("shipped")
