@@ -77,7 +77,10 @@ hidden states are on disk; never call a vLLM endpoint) change no computation.
 RECIPE: speculators 0.9.0's eagle3 defaults, as read in its source (train/config/schema.py,
 models/eagle3/core.py, model.py, train/optimizers.py, train/trainer.py):
   - one Llama decoder layer (sizes from the target's config, like ours), all layers sliding
-    window 2048 (wider than any sample here);
+    window 2048 (wider than any sample here); its MLP as wide as our drafter's (our
+    `train.intermediate_scale`): the bench sets the width its `resolve_draft_intermediate_size`
+    returns (the package's `--draft-config` sets the same, with the whole layer spelled out),
+    so both drafters have the same shape and differ only in how they are trained;
   - lm_head initialised from the target's lm_head rows of the draft vocab and frozen
     (model.py `_load_verifier_weights`), embeddings frozen; target logits through a frozen copy
     of the target's final norm and those rows;
@@ -315,6 +318,10 @@ def child_main(spec_file: str) -> None:
     patch_speculators_for_cpu()
     import importlib.metadata
 
+    import speculators.train.cli as cli
+
+    cli.resolve_draft_intermediate_size = lambda verifier_config: spec["intermediate_size"]
+
     schedule = peer_schedule(
         spec["train_lengths"], spec["total_seq_len"], spec["seed"], spec["budget"]
     )
@@ -350,8 +357,11 @@ def child_main(spec_file: str) -> None:
     main(TrainConfig.resolve(argv))
 
 
-def train_peer(args, info: dict, data: Path, budget: int, train: dict, target: Path) -> Path:
-    """Run the peer's trainer (child process) and copy its last checkpoint to an export dir."""
+def train_peer(
+    args, info: dict, data: Path, budget: int, train: dict, target: Path, width: int
+) -> Path:
+    """Run the peer's trainer (child process), its MLP `width` wide, and copy its last
+    checkpoint to an export dir."""
     out = args.work / "peer"
     if out.exists():
         shutil.rmtree(out)
@@ -369,6 +379,7 @@ def train_peer(args, info: dict, data: Path, budget: int, train: dict, target: P
         "train_data_ratio": (n_train + 0.5) / n_all,
         "seed": train["seed"],
         "budget": budget,
+        "intermediate_size": width,
         "threads": args.threads,
         "log_freq": args.log_freq,
     }
@@ -401,8 +412,18 @@ def train_peer(args, info: dict, data: Path, budget: int, train: dict, target: P
 # ---------------------------------------------------------------------------------------------
 
 
+def drafter_width(export: Path) -> int:
+    """intermediate_size of an export, ours (flat config) or speculators' (layer config)."""
+    config = json.loads((export / "config.json").read_text())
+    return config.get("transformer_layer_config", config)["intermediate_size"]
+
+
 def table_rows(f: dict) -> list[Row]:
+    widths = f.get("intermediate_size")
     rows = [
+        *([Row("drafter MLP width (intermediate_size), ours / peer",
+               f"{widths['ours']} / {widths['peer']}", key="intermediate_size")]
+          if widths else []),
         Row("tokens our trainer consumed (train.steps batches of TrainBatches)",
             f"{f['our_tokens']:,} in {f['our_steps']} steps", key="our_tokens"),
         Row("tokens the peer consumed (its sampler, --total-seq-len = train.batch_tokens)",
@@ -550,7 +571,8 @@ def main() -> None:
                      f"speculators=={PEER_VERSION} hs-connectors=={PEER_VERSION}")  # fmt: skip
         data = args.work / "data"
         info = write_peer_data(shards, results / "vocab" / "vocab.safetensors", data, heldout)
-        peer = train_peer(args, info, data, budget, train, target)
+        width = json.loads((ours / "config.json").read_text())["intermediate_size"]
+        peer = train_peer(args, info, data, budget, train, target, width)
     schedule_file = peer / SCHEDULE_FILE
     schedule = json.loads(schedule_file.read_text()) if schedule_file.is_file() else {}
     peer_tokens = f"{schedule['tokens']:,}" if "tokens" in schedule else "unknown"
@@ -590,6 +612,9 @@ def main() -> None:
         "peer_global_step": schedule.get("global_step"),
         "peer_version": schedule.get("version"),
         "peer_export": str(peer),
+        "intermediate_size": {
+            name: drafter_width(export) for name, export in (("ours", ours), ("peer", peer))
+        },
         "served": served,
         "served_sampled": by_temperature,
         "ratio": {str(k): served["ours"][str(k)] / served["peer"][str(k)] for k in args.ks},

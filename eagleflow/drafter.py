@@ -53,16 +53,22 @@ class DrafterConfig:
 
     @classmethod
     def from_target(
-        cls, model_dir: str | Path, draft_vocab_size: int, num_aux: int, **flags: bool
+        cls,
+        model_dir: str | Path,
+        draft_vocab_size: int,
+        num_aux: int,
+        intermediate_scale: float = 1.0,
+        **flags: bool,
     ) -> DrafterConfig:
-        """Attention/MLP shapes of one target decoder layer, sized for the draft vocab."""
+        """Attention/MLP shapes of one target decoder layer, sized for the draft vocab, with
+        the MLP `intermediate_scale` times the target's width."""
         config = target_text_config(model_dir)
         heads = int(config["num_attention_heads"])
         hidden = int(config["hidden_size"])
         rope = config.get("rope_parameters") or {}
         return cls(
             hidden_size=hidden,
-            intermediate_size=int(config["intermediate_size"]),
+            intermediate_size=max(1, round(int(config["intermediate_size"]) * intermediate_scale)),
             num_attention_heads=heads,
             num_key_value_heads=int(config.get("num_key_value_heads") or heads),
             head_dim=int(config.get("head_dim") or hidden // heads),

