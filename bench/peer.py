@@ -571,8 +571,7 @@ def main() -> None:
                      f"speculators=={PEER_VERSION} hs-connectors=={PEER_VERSION}")  # fmt: skip
         data = args.work / "data"
         info = write_peer_data(shards, results / "vocab" / "vocab.safetensors", data, heldout)
-        width = json.loads((ours / "config.json").read_text())["intermediate_size"]
-        peer = train_peer(args, info, data, budget, train, target, width)
+        peer = train_peer(args, info, data, budget, train, target, drafter_width(ours))
     schedule_file = peer / SCHEDULE_FILE
     schedule = json.loads(schedule_file.read_text()) if schedule_file.is_file() else {}
     peer_tokens = f"{schedule['tokens']:,}" if "tokens" in schedule else "unknown"
