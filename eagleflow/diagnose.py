@@ -55,6 +55,8 @@ def diagnose_export(
             )
     if bool(config.get("norm_before_fc")) != ("input_norm.weight" in tensors):
         problems.append("norm flag: norm_before_fc disagrees with the presence of input_norm")
+    if bool(config.get("fc_norm")) != ("fc_norm.0.weight" in tensors):
+        problems.append("norm flag: fc_norm disagrees with the presence of fc_norm.*")
 
     d2t, t2d = tensors.get("d2t"), tensors.get("t2d")
     if d2t is None:

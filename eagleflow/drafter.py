@@ -2,12 +2,15 @@
 
 Shapes (H = hidden size, A = number of aux layers, Dv = draft vocab):
     input_norm    A*H RMSNorm before fc (norm_before_fc only)
+    fc_norm.i     H RMSNorm of aux state i before fc (fc_norm only; after input_norm if both)
     fc            A*H -> H (no bias): fuses the target's aux hidden states
     midlayer      input_layernorm(embed) ++ hidden_norm(hidden) = 2H -> attention -> MLP
     norm, lm_head H -> Dv
+    embed_tokens  V x H (own_embedding only; else the target's embedding, frozen)
 Weight names are those vLLM's and SGLang's EAGLE-3 loaders read (no `model.` prefix). The
-target's embedding, final norm and lm_head rows of the draft vocab are frozen inputs of the
-training objective, never parameters of the drafter and never saved with it.
+target's final norm and lm_head rows of the draft vocab are frozen inputs of the training
+objective, never saved with the drafter; so is its embedding, unless the drafter trains its own
+copy (vLLM then keeps the drafter's embed_tokens instead of sharing the target's).
 
 Training-time test (TTT) follows vLLM's proposer: draft slot t sees embed(token t+1), position t
 and fc(aux_t) and predicts token t+2; chain step k runs at position t+k, feeds back the output
@@ -48,8 +51,10 @@ class DrafterConfig:
     target_hidden_size: int
     # Recipe flags, by the names vLLM's llama_eagle3 reads (all False: the original EAGLE-3).
     norm_before_fc: bool = False  # RMSNorm over the concatenated aux states before fc
+    fc_norm: bool = False  # an RMSNorm per aux state before fc (EAGLE 3.1)
     norm_before_residual: bool = False  # the residual is the hidden input after hidden_norm
     norm_output: bool = False  # chain steps feed back the post-norm output
+    own_embedding: bool = False  # the drafter trains and ships its token embedding
 
     @classmethod
     def from_target(
@@ -201,10 +206,16 @@ class Eagle3Drafter(nn.Module):
         fc_input = cfg.num_aux * cfg.target_hidden_size
         if cfg.norm_before_fc:
             self.input_norm = RMSNorm(fc_input, cfg.rms_norm_eps)
+        if cfg.fc_norm:
+            self.fc_norm = nn.ModuleList(
+                RMSNorm(cfg.target_hidden_size, cfg.rms_norm_eps) for _ in range(cfg.num_aux)
+            )
         self.fc = nn.Linear(fc_input, cfg.hidden_size, bias=False)
         self.midlayer = MidLayer(cfg)
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.lm_head = nn.Linear(cfg.hidden_size, cfg.draft_vocab_size, bias=False)
+        if cfg.own_embedding:
+            self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
         self.register_buffer("d2t", d2t.to(torch.int64))
         self.register_buffer("t2d", t2d.to(torch.bool))
 
@@ -215,9 +226,12 @@ class Eagle3Drafter(nn.Module):
         (its logits: `self.logits(output)`, computed by the loss only where it counts). The next
         step is fed the output, or with norm_output its normed form, as vLLM's proposer does.
 
-        aux [B, T, A*H] from the target; input_ids [B, T]; `embed` the frozen target embedding.
-        Tokens past the end are padded with id 0: their slots are masked by the loss.
+        aux [B, T, A*H] from the target; input_ids [B, T]; `embed` the frozen target embedding
+        (unused with own_embedding). Tokens past the end are padded with id 0: their slots are
+        masked by the loss.
         """
+        if self.cfg.own_embedding:
+            embed = self.embed_tokens
         length = input_ids.shape[1]
         hidden = self.fuse(aux)
         cache: list[tuple[torch.Tensor, ...]] = []
@@ -232,8 +246,16 @@ class Eagle3Drafter(nn.Module):
         return outputs
 
     def fuse(self, aux: torch.Tensor) -> torch.Tensor:
-        """The hidden input of step 0 from the target's concatenated aux states."""
-        return self.fc(self.input_norm(aux) if self.cfg.norm_before_fc else aux)
+        """The hidden input of step 0 from the target's concatenated aux states (norms in
+        vLLM's order: input_norm over all, then fc_norm per aux state)."""
+        if self.cfg.norm_before_fc:
+            aux = self.input_norm(aux)
+        if self.cfg.fc_norm:
+            chunks = aux.chunk(self.cfg.num_aux, dim=-1)
+            aux = torch.cat(
+                [norm(chunk) for norm, chunk in zip(self.fc_norm, chunks, strict=True)], -1
+            )
+        return self.fc(aux)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Draft-vocab logits of pre-norm outputs."""

@@ -24,7 +24,8 @@ INDEX_TENSORS = ("d2t", "t2d")
 
 
 def drafter_tensors(model: torch.nn.Module, dtype: torch.dtype = torch.bfloat16) -> dict:
-    """Weights under the names EAGLE-3 loaders read (no `model.` prefix), no target embedding."""
+    """Weights under the names EAGLE-3 loaders read (no `model.` prefix); embed_tokens only
+    when the drafter trained its own."""
     tensors = {}
     for name, value in model.state_dict().items():
         value = value.detach().cpu()
@@ -57,7 +58,7 @@ def llama_layer_config(cfg: DrafterConfig) -> dict:
 
 # Architecture flags vLLM reads from the config; each written explicitly (an absent
 # norm_before_residual reads as True in the speculators format).
-RECIPE_FLAGS = ("norm_before_fc", "norm_before_residual", "norm_output")
+RECIPE_FLAGS = ("norm_before_fc", "fc_norm", "norm_before_residual", "norm_output")
 
 
 def recipe_flags(cfg: DrafterConfig) -> dict[str, bool]:
@@ -80,6 +81,7 @@ def drafter_config(config: dict, tensors: dict[str, torch.Tensor]) -> DrafterCon
         num_aux=tensors["fc.weight"].shape[1] // config["target_hidden_size"],
         target_hidden_size=config["target_hidden_size"],
         **{name: bool(config.get(name, False)) for name in RECIPE_FLAGS},
+        own_embedding="embed_tokens.weight" in tensors,
     )
 
 

@@ -67,8 +67,9 @@ class Optimizers:
 
 def build_optimizer(model: nn.Module, *, name: str, lr: float, weight_decay: float) -> Optimizers:
     """AdamW for every trainable parameter, or Muon for the hidden matrices (fc, attention, MLP)
-    with AdamW for the norms and the lm_head, as Muon's authors apply it. Muon's step is scaled
-    to AdamW's update size (`match_rms_adamw`), so one learning rate serves both."""
+    with AdamW for the norms, the lm_head and an own embedding, as Muon's authors apply it.
+    Muon's step is scaled to AdamW's update size (`match_rms_adamw`), so one learning rate
+    serves both."""
     trainable = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
     adamw = dict(lr=lr, weight_decay=weight_decay, betas=(0.9, 0.95))
     if name == "adamw":
@@ -77,7 +78,8 @@ def build_optimizer(model: nn.Module, *, name: str, lr: float, weight_decay: flo
         raise ValueError(f"optimizer {name!r}: expected one of {', '.join(OPTIMIZERS)}")
     matrices, others = [], []
     for n, p in trainable:
-        (matrices if p.ndim == 2 and not n.startswith("lm_head") else others).append(p)
+        hidden = p.ndim == 2 and not n.startswith(("lm_head", "embed_tokens"))
+        (matrices if hidden else others).append(p)
     muon = torch.optim.Muon(
         matrices, lr=lr, weight_decay=weight_decay, adjust_lr_fn="match_rms_adamw"
     )

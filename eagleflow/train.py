@@ -70,12 +70,15 @@ class TrainSettings:
     # The recipe (see eagleflow/recipe.py and bench/recipes.py): drafter architecture flags by
     # vLLM's names, how the lm_head starts and whether it trains, optimizer, schedule.
     norm_before_fc: bool = True
+    fc_norm: bool = False
     norm_before_residual: bool = True
     norm_output: bool = False
     # The drafter MLP's width as a multiple of the target's intermediate_size.
     intermediate_scale: float = 1.0
     lm_head_init: str = "target"
     freeze_lm_head: bool = False
+    # False: the drafter trains its own copy of the target's embedding and ships it.
+    freeze_embedding: bool = True
     optimizer: str = "muon"
     lr_schedule: str = "cosine"
     # Export an exponential moving average of the weights (0: the last step's weights).
@@ -345,10 +348,13 @@ def train_drafter(s: TrainSettings) -> dict[str, float]:
     draft_ids = draft_to_target_ids(d2t).to(device)
     flags = {name: getattr(s, name) for name in RECIPE_FLAGS}
     cfg = DrafterConfig.from_target(
-        s.target, len(d2t), len(aux_ids), intermediate_scale=s.intermediate_scale, **flags
-    )
+        s.target, len(d2t), len(aux_ids), intermediate_scale=s.intermediate_scale,
+        own_embedding=not s.freeze_embedding, **flags,
+    )  # fmt: skip
     head = load_target_head(s.target).to(device)
     model = Eagle3Drafter(cfg, d2t, t2d).to(device)
+    if cfg.own_embedding:
+        model.embed_tokens.weight.data.copy_(head.embed.weight)
     if s.lm_head_init == "target":
         init_head_from_target(model, head.norm.weight, head.lm_head, draft_ids)
     model.lm_head.weight.requires_grad_(not s.freeze_lm_head)

@@ -48,9 +48,11 @@ CFG = DrafterConfig(
 FLAG_SETS = [
     {},
     {"norm_before_fc": True},
+    {"fc_norm": True},
     {"norm_before_residual": True},
     {"norm_output": True},
     {"norm_before_fc": True, "norm_before_residual": True, "norm_output": True},
+    {"fc_norm": True, "norm_before_residual": True, "norm_output": True},
 ]
 
 
@@ -92,7 +94,14 @@ def reference_chain(model, embed, aux, ids, slot: int, steps: int) -> list[torch
         new_hidden = residual + layer.mlp(layer.post_attention_layernorm(residual))
         return new_hidden, k, v
 
-    fused = model.fc(model.input_norm(aux) if cfg.norm_before_fc else aux)
+    if cfg.norm_before_fc:
+        aux = model.input_norm(aux)
+    if cfg.fc_norm:  # vLLM: one RMSNorm per aux state, after input_norm
+        size = CFG.target_hidden_size
+        aux = torch.cat(
+            [norm(aux[..., i * size : (i + 1) * size]) for i, norm in enumerate(model.fc_norm)], -1
+        )
+    fused = model.fc(aux)
     context_k, context_v = [], []
     for t in range(slot + 1):  # step 0: each slot attends to slots <= t
         hidden, k, v = run(int(ids[t + 1]), fused[t], t, context_k, context_v)
@@ -209,6 +218,26 @@ def test_muon_takes_the_hidden_matrices_and_adamw_the_rest() -> None:
     assert "input_norm.weight" in in_adamw and "lm_head.weight" not in in_adamw | in_muon
 
 
+def test_an_own_embedding_trains_under_adamw_ships_and_replaces_the_targets(
+    tmp_path: Path,
+) -> None:
+    model, embed = small_drafter(own_embedding=True)
+    model = model.float()
+    muon, adamw = build_optimizer(model, name="muon", lr=0.01, weight_decay=0.0).optimizers
+    assert any(p is model.embed_tokens.weight for g in adamw.param_groups for p in g["params"])
+    assert all(p is not model.embed_tokens.weight for g in muon.param_groups for p in g["params"])
+    export_vllm(model, [2, 4, 6], tmp_path / "vllm")
+    weights = read_weights(tmp_path / "vllm/model.safetensors")
+    assert weights["embed_tokens.weight"] == ((CFG.vocab_size, CFG.hidden_size), torch.bfloat16)
+    loaded, _ = load_drafter(tmp_path / "vllm")
+    assert loaded.cfg.own_embedding
+    aux = torch.randn(1, 6, 3 * CFG.hidden_size)
+    ids = torch.randint(0, CFG.vocab_size, (1, 6))
+    other = torch.nn.Embedding(CFG.vocab_size, CFG.hidden_size)  # not the drafter's: unused
+    for a, b in zip(loaded(aux, ids, embed.float(), 3), loaded(aux, ids, other, 3), strict=True):
+        assert torch.equal(a, b)
+
+
 def test_weight_average_is_the_moving_average_and_resumes_exactly() -> None:
     model, _ = small_drafter()
     model.lm_head.weight.requires_grad_(False)  # frozen weights are not averaged
@@ -256,6 +285,10 @@ def expected_weights(c: dict) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
     fc_input = aux * c["target_hidden_size"]
     return {
         **({"input_norm.weight": ((fc_input,), bf16)} if c["norm_before_fc"] else {}),
+        **{
+            f"fc_norm.{i}.weight": ((c["target_hidden_size"],), bf16)
+            for i in range(aux if c["fc_norm"] else 0)
+        },
         "fc.weight": ((h, fc_input), bf16),
         "midlayer.input_layernorm.weight": ((h,), bf16),
         "midlayer.hidden_norm.weight": ((h,), bf16),
@@ -279,7 +312,9 @@ def read_weights(path: Path) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
         return {k: (tuple(f.get_tensor(k).shape), f.get_tensor(k).dtype) for k in f.keys()}
 
 
-@pytest.mark.parametrize("flags", [FLAG_SETS[0], FLAG_SETS[-1]], ids=["plain", "all-flags"])
+@pytest.mark.parametrize(
+    "flags", [FLAG_SETS[0], FLAG_SETS[-2], FLAG_SETS[-1]], ids=["plain", "all-flags", "fc-norm"]
+)
 def test_exports_conform_to_vllm_sglang_and_speculators_loaders(
     tmp_path: Path, flags: dict
 ) -> None:

