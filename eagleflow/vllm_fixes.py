@@ -47,7 +47,9 @@ def expand_kernel_faulty() -> bool:
 
     if not current_platform.is_cpu():
         return False
-    import vllm._C  # noqa: F401 - registers the C++ kernels with torch.ops
+    # Registers the C++ kernels with torch.ops: the library this CPU runs (vllm._C is built for
+    # AVX512-BF16 and dies of SIGILL on an AVX2-only CPU; vLLM picks _C_AVX2 there).
+    current_platform.import_kernels()
     from vllm.utils import cpu_triton_utils
 
     kernel = _replaced[0] if _replaced else cpu_triton_utils._expand_kernel_impl
