@@ -65,11 +65,59 @@ class Optimizers:
             opt.load_state_dict(state)
 
 
-def build_optimizer(model: nn.Module, *, name: str, lr: float, weight_decay: float) -> Optimizers:
+def orthogonalize_float32(
+    update: torch.Tensor, coefficients: tuple[float, float, float], steps: int, eps: float
+) -> torch.Tensor:
+    """Muon's quintic Newton-Schulz iteration (torch's, same coefficients and steps) in float32."""
+    a, b, c = coefficients
+    wide = update.shape[0] <= update.shape[1]
+    x = update.float() if wide else update.float().T
+    x = x / x.norm().clamp(min=eps)
+    for _ in range(steps):
+        gram = x @ x.T
+        x = torch.addmm(x, torch.addmm(gram, gram, gram, beta=b, alpha=c), x, beta=a)
+    return x if wide else x.T
+
+
+class Float32Muon(torch.optim.Muon):
+    """torch's Muon with the Newton-Schulz iteration in float32 instead of bf16. A CPU without
+    native bf16 emulates bf16 matmuls: there torch's iteration took a third of every training
+    step. The state (momentum buffers) and the update rule are torch's."""
+
+    @torch.no_grad()
+    def step(self, closure: None = None) -> None:
+        for group in self.param_groups:
+            momentum = group["momentum"]
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                state = self.state[p]
+                if "momentum_buffer" not in state:
+                    state["momentum_buffer"] = torch.zeros_like(p.grad)
+                buf = state["momentum_buffer"].lerp_(p.grad, 1 - momentum)
+                update = p.grad.lerp(buf, momentum) if group["nesterov"] else buf
+                update = orthogonalize_float32(
+                    update, group["ns_coefficients"], group["ns_steps"], group["eps"]
+                )
+                p.mul_(1 - group["lr"] * group["weight_decay"])
+                p.add_(update, alpha=-adjusted_lr(group["lr"], group["adjust_lr_fn"], p.shape))
+
+
+def adjusted_lr(lr: float, rule: str | None, shape: torch.Size) -> float:
+    """Muon's per-matrix learning rate, as torch computes it."""
+    rows, cols = shape[:2]
+    if rule == "match_rms_adamw":
+        return lr * 0.2 * math.sqrt(max(rows, cols))
+    return lr * (math.sqrt(max(1, rows / cols)) if rule in (None, "original") else 1.0)
+
+
+def build_optimizer(
+    model: nn.Module, *, name: str, lr: float, weight_decay: float, bf16_muon: bool = True
+) -> Optimizers:
     """AdamW for every trainable parameter, or Muon for the hidden matrices (fc, attention, MLP)
     with AdamW for the norms, the lm_head and an own embedding, as Muon's authors apply it.
     Muon's step is scaled to AdamW's update size (`match_rms_adamw`), so one learning rate
-    serves both."""
+    serves both. `bf16_muon` False (no native bf16): its iteration runs in float32."""
     trainable = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
     adamw = dict(lr=lr, weight_decay=weight_decay, betas=(0.9, 0.95))
     if name == "adamw":
@@ -80,7 +128,7 @@ def build_optimizer(model: nn.Module, *, name: str, lr: float, weight_decay: flo
     for n, p in trainable:
         hidden = p.ndim == 2 and not n.startswith(("lm_head", "embed_tokens"))
         (matrices if hidden else others).append(p)
-    muon = torch.optim.Muon(
+    muon = (torch.optim.Muon if bf16_muon else Float32Muon)(
         matrices, lr=lr, weight_decay=weight_decay, adjust_lr_fn="match_rms_adamw"
     )
     return Optimizers([muon, *([torch.optim.AdamW(others, **adamw)] if others else [])])

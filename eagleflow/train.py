@@ -359,8 +359,9 @@ def train_drafter(s: TrainSettings) -> dict[str, float]:
         init_head_from_target(model, head.norm.weight, head.lm_head, draft_ids)
     model.lm_head.weight.requires_grad_(not s.freeze_lm_head)
     optimizer = build_optimizer(
-        model, name=s.optimizer, lr=s.learning_rate, weight_decay=s.weight_decay
-    )
+        model, name=s.optimizer, lr=s.learning_rate, weight_decay=s.weight_decay,
+        bf16_muon=native_bf16(device),
+    )  # fmt: skip
     average = WeightAverage(model, s.ema_decay) if s.ema_decay else None
     checkpoint_dir = Path(s.checkpoint_dir)
     checkpoint_dir.mkdir(parents=True, exist_ok=True)

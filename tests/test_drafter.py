@@ -18,7 +18,7 @@ from eagleflow.drafter import DrafterConfig, Eagle3Drafter, rotate
 from eagleflow.export import RECIPE_FLAGS, export_speculators, export_vllm, load_drafter
 from eagleflow.loader import SampleRef, TrainBatches, epoch_batches
 from eagleflow.logs import InputError
-from eagleflow.recipe import WeightAverage, build_optimizer, lr_at
+from eagleflow.recipe import Float32Muon, WeightAverage, build_optimizer, lr_at
 from eagleflow.train import ttt_terms
 from eagleflow.vocab import (
     build_vocab_map,
@@ -216,6 +216,33 @@ def test_muon_takes_the_hidden_matrices_and_adamw_the_rest() -> None:
     assert in_muon == {n for n, p in model.named_parameters() if p.ndim == 2} - {"lm_head.weight"}
     assert in_adamw == {n for n, p in model.named_parameters() if p.ndim == 1}
     assert "input_norm.weight" in in_adamw and "lm_head.weight" not in in_adamw | in_muon
+
+
+@pytest.mark.parametrize("rule", ["match_rms_adamw", "original", None])
+def test_float32_muon_steps_as_torchs_muon_does_with_a_float32_iteration(rule) -> None:
+    """Where bf16 is emulated the drafter trains with Float32Muon: the same momentum, learning
+    rate per shape, weight decay and Newton-Schulz iteration as torch's Muon, only in float32:
+    the parameters end within bf16's rounding of torch's, not equal to them."""
+    torch.manual_seed(0)
+    shapes = [(48, 16), (16, 48), (32, 32)]
+    start = [torch.randn(shape) for shape in shapes]
+    grads = [[torch.randn(shape) for shape in shapes] for _ in range(3)]
+
+    def run(optimizer_class):
+        params = [torch.nn.Parameter(p.clone()) for p in start]
+        opt = optimizer_class(params, lr=0.02, weight_decay=0.1, adjust_lr_fn=rule)
+        for step_grads in grads:
+            for p, g in zip(params, step_grads, strict=True):
+                p.grad = g
+            opt.step()
+        return params, opt
+
+    ours, opt = run(Float32Muon)
+    torchs, torch_opt = run(torch.optim.Muon)
+    for a, b, s0 in zip(ours, torchs, start, strict=True):
+        moved = (b - s0).norm()
+        assert 0 < (a - b).norm() < 0.03 * moved
+        assert torch.equal(opt.state[a]["momentum_buffer"], torch_opt.state[b]["momentum_buffer"])
 
 
 def test_an_own_embedding_trains_under_adamw_ships_and_replaces_the_targets(
