@@ -9,7 +9,7 @@ with their date. A script that fails keeps its earlier rows, marked with the fai
 exit status is then 1. `faults` (kill -9 and corruption trials), `one_pass` (the workflow twice,
 three drafter trainings), `fp8` (extraction, training and serving again with fp8 shards),
 `recipes` (a drafter trained per recipe variant), `peer` (speculators' trainer, then both
-drafters served) and `kernel_cache` (two trainings) are long and run only when named in
+drafters served), `kernel_cache` and `muon` (trainings) are long and run only when named in
 `--only`; bench/gpu.py runs on a GPU machine and its stored rows are rendered like the others.
 
     .venv/bin/python bench/results.py --results results       # the default benches, render
@@ -74,6 +74,7 @@ BENCHES = [
     Bench("projection", results_args),
     Bench("training", results_args),
     Bench("kernel_cache", results_args, by_default=False),
+    Bench("muon", results_args, by_default=False),
     Bench("generation", model_args),
     Bench("acceptance", results_args),
     Bench("dag_scale", dag_args),

@@ -137,8 +137,15 @@ def machine() -> list[str]:
             ("zarr", ("zarr",)),
         )
     )
+    import torch
+
+    from eagleflow.precision import native_bf16
+
+    # Two AMD EPYCs here differ in what decides the figures: AVX512-BF16 or AVX2 only.
+    bf16 = "native" if native_bf16() else "emulated"
+    isa = f"{torch.backends.cpu.get_cpu_capability()}, bf16 {bf16}"
     return [
-        f"CPU: {cpu}, {os.cpu_count()} cores ({usable} usable by this process)",
+        f"CPU: {cpu}, {os.cpu_count()} cores ({usable} usable by this process; {isa})",
         f"RAM: {memory}",
         f"GPU: {gpu}",
         f"OS: {platform.platform()}",

@@ -100,10 +100,16 @@ def copy_shards(shards: list[str], copies: int, out: Path) -> list[str]:
 
 
 def train_run(
-    results: Path, shards: list[str], steps: int, batch_tokens: int, env: dict | None = None
+    results: Path,
+    shards: list[str],
+    steps: int,
+    batch_tokens: int,
+    env: dict | None = None,
+    prelude: str = "",
 ) -> tuple[float, list[float]]:
     """Train the drafter for `steps` on `shards` as the train job does, with `env` added to the
-    environment; (seconds, with start-up and export, and tokens/s of each logged window)."""
+    environment and the Python statements `prelude` run before the trainer starts; (seconds,
+    with start-up and export, and tokens/s of each logged window)."""
     from eagleflow.train import TrainSettings
 
     with tempfile.TemporaryDirectory() as tmp:
@@ -121,6 +127,9 @@ def train_run(
         # started before train_drafter sets its thread-wide denormal flush is a suspect).
         start = time.perf_counter()
         command = [sys.executable, "-m", "eagleflow.train", str(settings_file)]
+        if prelude:
+            trainer = f"from eagleflow.train import main\nmain([{str(settings_file)!r}])"
+            command = [sys.executable, "-c", f"{prelude}\n{trainer}"]
         subprocess.run(command, check=True, env=os.environ | (env or {}))
         seconds = time.perf_counter() - start
         lines = Path(settings.metrics).read_text().splitlines()
