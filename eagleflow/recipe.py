@@ -8,6 +8,7 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.optim._muon import _adjust_lr  # Muon's per-matrix learning rate
 
 OPTIMIZERS = ("adamw", "muon")
 LR_SCHEDULES = ("cosine", "linear", "constant")
@@ -100,15 +101,7 @@ class Float32Muon(torch.optim.Muon):
                     update, group["ns_coefficients"], group["ns_steps"], group["eps"]
                 )
                 p.mul_(1 - group["lr"] * group["weight_decay"])
-                p.add_(update, alpha=-adjusted_lr(group["lr"], group["adjust_lr_fn"], p.shape))
-
-
-def adjusted_lr(lr: float, rule: str | None, shape: torch.Size) -> float:
-    """Muon's per-matrix learning rate, as torch computes it."""
-    rows, cols = shape[:2]
-    if rule == "match_rms_adamw":
-        return lr * 0.2 * math.sqrt(max(rows, cols))
-    return lr * (math.sqrt(max(1, rows / cols)) if rule in (None, "original") else 1.0)
+                p.add_(update, alpha=-_adjust_lr(group["lr"], group["adjust_lr_fn"], p.shape))
 
 
 def build_optimizer(

@@ -97,7 +97,7 @@ def reference_chain(model, embed, aux, ids, slot: int, steps: int) -> list[torch
     if cfg.norm_before_fc:
         aux = model.input_norm(aux)
     if cfg.fc_norm:  # vLLM: one RMSNorm per aux state, after input_norm
-        size = CFG.target_hidden_size
+        size = cfg.target_hidden_size
         aux = torch.cat(
             [norm(aux[..., i * size : (i + 1) * size]) for i, norm in enumerate(model.fc_norm)], -1
         )
