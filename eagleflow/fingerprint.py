@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import ast
 import hashlib
+import importlib.util
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -70,4 +72,46 @@ def tokenizer_fingerprint(model_dir: str | Path) -> str | None:
         return None
     digest = hashlib.sha256()
     _hash_files(digest, paths, root)
+    return f"sha256:{digest.hexdigest()}"
+
+
+def _package_imports(path: Path, package: str) -> set[str]:
+    """The modules of `package` a source file imports, at any depth of its code."""
+    names = set()
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names.add(node.module)
+            names.update(f"{node.module}.{alias.name}" for alias in node.names)
+    return {name for name in names if name == package or name.startswith(package + ".")}
+
+
+def code_modules(module: str) -> dict[str, Path]:
+    """`module` and every module of its package it imports, directly or not, with their files
+    (found by reading the source, not by importing, so every process gets one answer)."""
+    package = module.split(".")[0]
+    spec = importlib.util.find_spec(package)
+    if spec is None or not spec.submodule_search_locations:
+        raise ValueError(f"{package} is not an installed package")
+    root = Path(next(iter(spec.submodule_search_locations))).parent
+    files: dict[str, Path] = {}
+    pending = [module]
+    while pending:
+        name = pending.pop()
+        base = root.joinpath(*name.split("."))
+        candidates = (base.with_suffix(".py"), base / "__init__.py")
+        path = next((p for p in candidates if p.is_file()), None)
+        if path is None or name in files:
+            continue  # an imported name that is not a module (a function, a class)
+        files[name] = path
+        pending.extend(_package_imports(path, package) - files.keys())
+    return files
+
+
+def code_fingerprint(module: str) -> str:
+    """sha256 of the source of `module` and of the modules of its package it imports."""
+    digest = hashlib.sha256()
+    for name, path in sorted(code_modules(module).items()):
+        digest.update(name.encode() + b"\0" + path.read_bytes())
     return f"sha256:{digest.hexdigest()}"

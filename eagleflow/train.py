@@ -28,6 +28,7 @@ import torch.distributed as dist
 from eagleflow.drafter import DrafterConfig, Eagle3Drafter, TargetHead, load_target_head
 from eagleflow.export import RECIPE_FLAGS, export_speculators, export_vllm
 from eagleflow.files import atomic_output
+from eagleflow.fingerprint import code_fingerprint
 from eagleflow.loader import TrainBatches, list_samples, make_loader, pack_batches, window_tokens
 from eagleflow.logs import InputError, setup_job_logging
 from eagleflow.precision import native_bf16
@@ -86,7 +87,8 @@ class TrainSettings:
     threads: int = 0  # torch threads per process; 0 = leave torch's choice
 
     def fingerprint(self) -> str:
-        """What decides the trajectory: a checkpoint of other settings or data is not resumed."""
+        """What decides the trajectory: a checkpoint of other settings, data or training code
+        (this package's modules that training imports, and torch) is not resumed."""
         keys = asdict(self)
         for name in (
             "out_vllm",
@@ -104,6 +106,8 @@ class TrainSettings:
         keys["target"] = hashlib.sha256(
             (Path(self.target) / "config.json").read_bytes()
         ).hexdigest()
+        keys["code"] = code_fingerprint("eagleflow.train")
+        keys["torch"] = torch.__version__
         return hashlib.sha256(json.dumps(keys, sort_keys=True).encode()).hexdigest()[:16]
 
 
@@ -292,7 +296,7 @@ def latest_checkpoint(directory: Path, fingerprint: str) -> dict | None:
         if state.get("fingerprint") == fingerprint:
             state["path"] = str(path)
             return state
-        log.info("ignoring checkpoint %s of other settings or data", path)
+        log.info("ignoring checkpoint %s of other settings, data or code", path)
     return None
 
 

@@ -24,6 +24,7 @@ from conftest import (
 from faults import kill_when_running
 from safetensors.torch import load_file
 
+from eagleflow.fingerprint import code_fingerprint, code_modules
 from eagleflow.loader import TrainBatches, list_samples, window_tokens
 from eagleflow.train import TrainSettings
 
@@ -112,6 +113,29 @@ def test_killed_training_resumes_from_the_last_checkpoint(demo_copy: Path) -> No
     again = load_file(export)
     assert weights.keys() == again.keys()
     assert all(torch.equal(weights[name], again[name]) for name in weights)
+
+
+def test_checkpoints_of_other_training_code_are_not_resumed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A checkpoint resumes only under the code that wrote it: the fingerprint covers every module
+    of the package the trainer imports (at any depth, also inside functions), not the others."""
+    package = tmp_path / "pkg"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "trainer.py").write_text("from pkg.recipe import lr\n")
+    (package / "recipe.py").write_text("def lr():\n    import pkg.deep\n    return 1\n")
+    (package / "deep.py").write_text("X = 1\n")
+    (package / "report.py").write_text("Y = 1\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    before = code_fingerprint("pkg.trainer")
+    (package / "report.py").write_text("Y = 2\n")  # not imported by the trainer
+    assert code_fingerprint("pkg.trainer") == before
+    (package / "deep.py").write_text("X = 2\n")
+    assert code_fingerprint("pkg.trainer") != before
+    # The real trainer: the model, optimizer and data-order code are covered.
+    covered = code_modules("eagleflow.train")
+    assert {"eagleflow.drafter", "eagleflow.recipe", "eagleflow.loader"} <= covered.keys()
 
 
 def test_two_torchrun_processes_follow_the_one_process_loss_curve(
