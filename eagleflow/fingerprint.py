@@ -109,9 +109,9 @@ def code_modules(module: str) -> dict[str, Path]:
     return files
 
 
-def code_fingerprint(module: str) -> str:
-    """sha256 of the source of `module` and of the modules of its package it imports."""
-    digest = hashlib.sha256()
-    for name, path in sorted(code_modules(module).items()):
-        digest.update(name.encode() + b"\0" + path.read_bytes())
-    return f"sha256:{digest.hexdigest()}"
+def code_digests(module: str) -> dict[str, str]:
+    """sha256 of the source of `module` and of each module of its package it imports."""
+    return {
+        name: hashlib.sha256(path.read_bytes()).hexdigest()
+        for name, path in sorted(code_modules(module).items())
+    }

@@ -28,7 +28,7 @@ import torch.distributed as dist
 from eagleflow.drafter import DrafterConfig, Eagle3Drafter, TargetHead, load_target_head
 from eagleflow.export import RECIPE_FLAGS, export_speculators, export_vllm
 from eagleflow.files import atomic_output
-from eagleflow.fingerprint import code_fingerprint
+from eagleflow.fingerprint import code_digests
 from eagleflow.loader import TrainBatches, list_samples, make_loader, pack_batches, window_tokens
 from eagleflow.logs import InputError, setup_job_logging
 from eagleflow.precision import native_bf16
@@ -106,9 +106,14 @@ class TrainSettings:
         keys["target"] = hashlib.sha256(
             (Path(self.target) / "config.json").read_bytes()
         ).hexdigest()
-        keys["code"] = code_fingerprint("eagleflow.train")
-        keys["torch"] = torch.__version__
+        keys["code"] = training_code()
         return hashlib.sha256(json.dumps(keys, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def training_code() -> dict[str, str]:
+    """sha256 of each eagleflow module the trainer imports, and torch's version: a checkpoint
+    written by other code is not resumed, and the log names what changed."""
+    return {**code_digests("eagleflow.train"), "torch": str(torch.__version__)}
 
 
 def _shard_identity(path: str) -> str:
@@ -272,6 +277,7 @@ def save_checkpoint(
     state = {
         "step": step,
         "fingerprint": fingerprint,
+        "code": training_code(),
         "model": (model.module if hasattr(model, "module") else model).state_dict(),
         "optimizer": optimizer.state_dict(),
     }
@@ -296,7 +302,16 @@ def latest_checkpoint(directory: Path, fingerprint: str) -> dict | None:
         if state.get("fingerprint") == fingerprint:
             state["path"] = str(path)
             return state
-        log.info("ignoring checkpoint %s of other settings, data or code", path)
+        ours, theirs = training_code(), state.get("code", {})
+        changed = sorted(
+            name for name in ours.keys() | theirs.keys() if ours.get(name) != theirs.get(name)
+        )
+        reason = (
+            f"the training code changed ({', '.join(changed)})"
+            if changed
+            else "other settings or data"
+        )
+        log.info("ignoring checkpoint %s: %s", path, reason)
     return None
 
 

@@ -24,9 +24,9 @@ from conftest import (
 from faults import kill_when_running
 from safetensors.torch import load_file
 
-from eagleflow.fingerprint import code_fingerprint, code_modules
+from eagleflow.fingerprint import code_digests
 from eagleflow.loader import TrainBatches, list_samples, window_tokens
-from eagleflow.train import TrainSettings
+from eagleflow.train import TrainSettings, latest_checkpoint, save_checkpoint, training_code
 
 
 def metrics(path: Path) -> list[dict]:
@@ -116,10 +116,11 @@ def test_killed_training_resumes_from_the_last_checkpoint(demo_copy: Path) -> No
 
 
 def test_checkpoints_of_other_training_code_are_not_resumed(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     """A checkpoint resumes only under the code that wrote it: the fingerprint covers every module
-    of the package the trainer imports (at any depth, also inside functions), not the others."""
+    of the package the trainer imports (at any depth, also inside functions), not the others,
+    and the log names the modules that changed."""
     package = tmp_path / "pkg"
     package.mkdir()
     (package / "__init__.py").write_text("")
@@ -128,14 +129,24 @@ def test_checkpoints_of_other_training_code_are_not_resumed(
     (package / "deep.py").write_text("X = 1\n")
     (package / "report.py").write_text("Y = 1\n")
     monkeypatch.syspath_prepend(str(tmp_path))
-    before = code_fingerprint("pkg.trainer")
+    before = code_digests("pkg.trainer")
+    assert sorted(before) == ["pkg.deep", "pkg.recipe", "pkg.trainer"]
     (package / "report.py").write_text("Y = 2\n")  # not imported by the trainer
-    assert code_fingerprint("pkg.trainer") == before
+    assert code_digests("pkg.trainer") == before
     (package / "deep.py").write_text("X = 2\n")
-    assert code_fingerprint("pkg.trainer") != before
-    # The real trainer: the model, optimizer and data-order code are covered.
-    covered = code_modules("eagleflow.train")
-    assert {"eagleflow.drafter", "eagleflow.recipe", "eagleflow.loader"} <= covered.keys()
+    assert code_digests("pkg.trainer") != before
+
+    # The real trainer: a checkpoint saved under other model code is skipped, and said so.
+    assert {"eagleflow.drafter", "eagleflow.recipe", "eagleflow.loader"} <= training_code().keys()
+    model = torch.nn.Linear(2, 2)
+    optimizer = torch.optim.AdamW(model.parameters())
+    save_checkpoint(tmp_path, 10, model, optimizer, "before")
+    assert latest_checkpoint(tmp_path, "before")["step"] == 10
+    edited = {**training_code(), "eagleflow.drafter": "another version"}
+    monkeypatch.setattr("eagleflow.train.training_code", lambda: edited)
+    with caplog.at_level("INFO", logger="eagleflow.train"):
+        assert latest_checkpoint(tmp_path, "after") is None
+    assert "the training code changed (eagleflow.drafter)" in caplog.text
 
 
 def test_two_torchrun_processes_follow_the_one_process_loss_curve(
