@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import csv
+import functools
 import hashlib
 import json
 import logging
@@ -110,9 +111,11 @@ class TrainSettings:
         return hashlib.sha256(json.dumps(keys, sort_keys=True).encode()).hexdigest()[:16]
 
 
+@functools.cache
 def training_code() -> dict[str, str]:
     """sha256 of each eagleflow module the trainer imports, and torch's version: a checkpoint
-    written by other code is not resumed, and the log names what changed."""
+    written by other code is not resumed, and the log names what changed. Read once per
+    process: the code that runs, even if the files are edited during a long training."""
     return {**code_digests("eagleflow.train"), "torch": str(torch.__version__)}
 
 
