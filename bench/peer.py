@@ -57,12 +57,15 @@ by `patch_speculators_for_cpu` (the package's files are not edited):
   - `speculators.train.trainer.get_local_rank` returns "cpu": the Trainer moves the model and
     every batch to `.to(local_rank)` = `.to(0)`, which on CPU-only torch raises "RuntimeError:
     Cannot access accelerator device when none is available."
-  - `Trainer.device_type` is set to "cpu" (for fidelity; it runs without): with no accelerator
-    the Trainer falls back to "cuda", and `torch.autocast("cuda", dtype=bfloat16)` disables
-    itself ("UserWarning: CUDA is not available or torch_xla is imported. Disabling
-    autocast."), so every step would compute in fp32 from the bf16 hidden states. With "cpu"
-    its autocast runs as it does on a GPU (bf16 matmuls, fp32 master weights); this CPU has
-    AMX/AVX512-BF16, and our trainer also computes in bf16 here (train.precision auto).
+  - `Trainer.device_type` is set to "cpu" where the CPU multiplies bf16 natively (AMX or
+    AVX512-BF16; `eagleflow.precision.native_bf16`): with no accelerator the Trainer falls
+    back to "cuda", and `torch.autocast("cuda", dtype=bfloat16)` disables itself
+    ("UserWarning: CUDA is not available or torch_xla is imported. Disabling autocast."), so
+    every step would compute in fp32 from the bf16 hidden states. With "cpu" its autocast runs
+    as it does on a GPU (bf16 matmuls, fp32 master weights), as our trainer computes in bf16
+    there (train.precision auto). On a CPU without native bf16 both compute in fp32: our
+    trainer's auto picks it, and the peer keeps its own fallback (emulated bf16 took 4.6 s a
+    step on an AVX2-only AMD EPYC, ~90 minutes a training).
   - `torch.accelerator.synchronize` becomes a no-op: the Trainer's step timer calls it on
     logged steps and it raises the same "Cannot access accelerator device" error (CPU ops are
     synchronous, so nothing is lost).
@@ -274,6 +277,8 @@ def datasets_stand_in() -> types.ModuleType:
 
 def patch_speculators_for_cpu() -> None:
     """The patches listed in the module docstring; applied before speculators is imported."""
+    from eagleflow.precision import native_bf16
+
     sys.modules["datasets"] = datasets_stand_in()
     if not torch.accelerator.is_available():
         torch.accelerator.synchronize = lambda *args, **kwargs: None
@@ -286,7 +291,8 @@ def patch_speculators_for_cpu() -> None:
         original_init(self, *args, **kwargs)
         self.device_type = "cpu"
 
-    trainer.Trainer.__init__ = init_on_cpu
+    if native_bf16("cpu"):
+        trainer.Trainer.__init__ = init_on_cpu
 
 
 def peer_schedule(lengths: list[int], total_seq_len: int, seed: int, budget: int) -> dict:
