@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import argparse
 import glob
-import hashlib
 import json
 import os
 import time
@@ -42,10 +41,9 @@ from pathlib import Path
 import yaml
 from rows import Row, finish, finished_run, output_arguments
 
-import eagleflow
 from eagleflow.evaluate import offline_acceptance
 from eagleflow.serving_check import serving_acceptance
-from eagleflow.train import TrainSettings, train_drafter
+from eagleflow.train import TrainSettings, train_drafter, training_code
 
 # The original EAGLE-3 recipe, which every ablation row changes in one place.
 BASE = {
@@ -125,7 +123,6 @@ VARIANTS: dict[str, dict] = {
     "configured": None,  # the run's config.yaml train section as it is
 }
 SERVED_KS = (3, 5)
-PACKAGE = Path(eagleflow.__file__).parent
 READ_BACK: list[str] = []  # variants whose figures an earlier run of this code stored
 # Settings that say where things are, not how the drafter is trained.
 PLACES = ("shards", "vocab", "target", "out_vllm", "out_speculators", "metrics", "checkpoint_dir")
@@ -168,19 +165,12 @@ def settings_for(
     )
 
 
-def trainer_code() -> str:
-    """A hash of the training code: figures stored by other code are not read back."""
-    files = ("train.py", "drafter.py", "recipe.py", "loader.py")
-    digest = hashlib.sha256(b"".join((PACKAGE / name).read_bytes() for name in files))
-    return digest.hexdigest()[:16]
-
-
 def measure(s: TrainSettings, args: argparse.Namespace) -> dict:
     recipe = {k: v for k, v in asdict(s).items() if k not in PLACES}
     record = Path(s.out_vllm).parent / "figures.json"
     if record.is_file() and not args.fresh:
         figures = json.loads(record.read_text())
-        if figures["settings"] == recipe and figures.get("code") == trainer_code():
+        if figures["settings"] == recipe and figures.get("code") == training_code():
             print(f"{record}: read back", flush=True)
             READ_BACK.append(record.parent.name)
             return figures
@@ -198,7 +188,7 @@ def measure(s: TrainSettings, args: argparse.Namespace) -> dict:
     }  # fmt: skip
     figures = {
         "settings": recipe,
-        "code": trainer_code(),
+        "code": training_code(),  # figures stored by other code are not read back
         "train_seconds": round(train_seconds, 1),
         "heldout": {f"acc_{k}": heldout[f"acc_{k}"] for k in range(min(3, s.ttt_steps))},
         "offline": {k: offline["by_k"][str(k)]["mean_acceptance_length"] for k in SERVED_KS},
