@@ -142,19 +142,35 @@ def config_layer_ids(config: Mapping[str, Any], model_dir: str | Path) -> list[i
     return [*resolve_aux_layer_ids(configured, num_layers), num_layers]
 
 
-def wait_until_ready(url: str, process: subprocess.Popen, timeout_s: float) -> None:
-    """Poll `url/v1/models` until the server answers; fail early if the process died."""
+def wait_until_ready(
+    url: str, process: subprocess.Popen, timeout_s: float, log_path: str | Path | None = None
+) -> None:
+    """Poll `url/v1/models` until the server answers; fail early if the process died, with the
+    last lines of its log (`log_path`), which say why."""
     import requests
 
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if process.poll() is not None:
-            raise RuntimeError(f"vLLM server exited with status {process.returncode} before ready")
+            raise RuntimeError(
+                f"vLLM server for {url} exited with status {process.returncode} before ready"
+                + _log_tail(log_path)
+            )
         with contextlib.suppress(requests.RequestException):
             if requests.get(f"{url}/v1/models", timeout=2).ok:
                 return
         time.sleep(1)
-    raise TimeoutError(f"vLLM server at {url} not ready after {timeout_s:.0f}s")
+    raise TimeoutError(
+        f"vLLM server at {url} not ready after {timeout_s:.0f}s" + _log_tail(log_path)
+    )
+
+
+def _log_tail(log_path: str | Path | None, lines: int = 30) -> str:
+    """The last `lines` lines of a server log, indented, after a colon ('' without a log)."""
+    if log_path is None or not Path(log_path).exists():
+        return ""
+    tail = Path(log_path).read_text(errors="replace").splitlines()[-lines:]
+    return f"; the last lines of {log_path}:\n" + "\n".join(f"    {line}" for line in tail)
 
 
 @contextlib.contextmanager
@@ -189,7 +205,7 @@ def running_server(
     )
     url = f"http://{host}:{port}"
     try:
-        wait_until_ready(url, process, ready_timeout_s)
+        wait_until_ready(url, process, ready_timeout_s, log_path)
         yield url
     finally:
         with contextlib.suppress(ProcessLookupError):

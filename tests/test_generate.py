@@ -42,6 +42,27 @@ def test_in_process_responses_keep_engine_ids_and_thinking(demo_run: Path) -> No
     assert sum(r["response_text"].startswith("<think>") for r in finished) >= 0.9 * len(finished)
 
 
+def test_a_server_that_cannot_start_fails_with_its_own_reason(
+    demo_run: Path, tmp_path: Path
+) -> None:
+    """A server whose port is taken exits before it is ready: the error names its URL and
+    carries its log's last lines, which say why."""
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        log = tmp_path / "server.log"
+        with pytest.raises(RuntimeError) as failure:
+            with running_server(demo_run / "results/demo/target", port=port, log_path=log):
+                pass
+    message = str(failure.value)
+    assert f"vLLM server for http://127.0.0.1:{port} exited with status" in message
+    assert f"the last lines of {log}" in message
+    assert "Address already in use" in message, message
+
+
 def test_server_backend_matches_in_process(demo_run: Path, tmp_path: Path) -> None:
     target = demo_run / "results/demo/target"
     with running_server(target, port=free_port(), log_path=tmp_path / "server.log") as url:
