@@ -138,14 +138,13 @@ def test_servers_extract_every_shard_and_one_dying_mid_shard_is_named(
     assert sorted(stores) == ["00000", "00001"]
     target = demo_copy / "results/demo/target"
     config = yaml.safe_load((demo_copy / "config.yaml").read_text())
-    ports = [free_port()]
-    while len(ports) < 2:
-        ports += [port for port in [free_port()] if port != ports[0]]
     storage = [tmp_path / "states-a", tmp_path / "states-b"]
+    # Each port is picked just before its server starts (b's once a is up), so that no other
+    # process can take it in the meantime.
     with (
-        running_server(target, port=ports[0], log_path=tmp_path / "a.log",
+        running_server(target, port=free_port(), log_path=tmp_path / "a.log",
                        extract_layer_ids=[2, 4, 5, 8], storage_dir=storage[0]) as url_a,
-        running_server(target, port=ports[1], log_path=tmp_path / "b.log",
+        running_server(target, port=free_port(), log_path=tmp_path / "b.log",
                        extract_layer_ids=[2, 4, 5, 8], storage_dir=storage[1]) as url_b,
     ):  # fmt: skip
         config["extract"] = {"backend": "server", "server_url": [url_a, url_b]}
@@ -167,7 +166,7 @@ def test_servers_extract_every_shard_and_one_dying_mid_shard_is_named(
         while not set(storage[1].iterdir()) - before and time.monotonic() < deadline:
             assert job.poll() is None, job.communicate()[0][-3000:]
             time.sleep(0.02)
-        _kill_server_on(ports[1])
+        _kill_server_on(int(url_b.rsplit(":", 1)[1]))
         output = job.communicate(timeout=600)[0]
         assert job.returncode != 0
         log = (demo_copy / "results/logs/extract/shard-00001.log").read_text()
