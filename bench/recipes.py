@@ -120,6 +120,11 @@ VARIANTS: dict[str, dict] = {
     # The drafter MLP twice the target's width: +0.4% at K=3 over three seeds, and the peer
     # gains more at that width (bench/RESULTS.md "drafter MLP width"); not adopted.
     "default_mlp_x2": DEFAULT | {"intermediate_scale": 2.0},
+    # The peer's own choices one at a time on top of the default: is one of them where its K=3
+    # comes from? (bench/RESULTS.md "the peer's choices one at a time"; none is.)
+    "default_norm_output": DEFAULT | {"norm_output": True},
+    "default_frozen_lm_head": DEFAULT | {"freeze_lm_head": True},
+    "default_ttt3": DEFAULT | {"ttt_steps": 3},
     "configured": None,  # the run's config.yaml train section as it is
 }
 SERVED_KS = (3, 5)
