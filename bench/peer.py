@@ -28,7 +28,8 @@ What it does:
      with `eagleflow.serving_check.serving_acceptance` on the same held-out prompts at each K, and
      prints the served mean acceptance lengths and ours / peer (goal >= 1.05 at K=3 and K=5,
      greedy). It also serves them at each `--sampled` temperature (default 1.0, seeded per
-     prompt): reasoning targets are served sampled, so the comparison is reported there too.
+     prompt): reasoning targets are served sampled, so the comparison is reported there too,
+     with vLLM drafting as `--draft-sample-method` says (its default: greedy).
 
 `--mean-of ROWS...` does none of that: it averages the served figures of stored runs of this
 bench (one per train seed, each with `--config` of that seed) and stores ours / peer of the
@@ -446,13 +447,15 @@ def table_rows(f: dict) -> list[Row]:
             rows.append(goal_row(f"ours / peer, served, K={k}", ratio, GOAL_RATIO, f"ratio.{k}"))
         else:
             rows.append(Row(f"ours / peer, served, K={k}", f"{ratio:.2f}", key=f"ratio.{k}"))
+    method = f.get("draft_sample_method", "greedy")
+    drafts = "" if method == "greedy" else f" ({method} drafts)"
     for t, served in (f.get("served_sampled") or {}).items():
         for k in f["ks"]:
             ours, peer = served["ours"][str(k)], served["peer"][str(k)]
             rows += [
-                Row(f"served mean acceptance length, K={k}, T={t}, ours / peer",
+                Row(f"served mean acceptance length, K={k}, T={t}{drafts}, ours / peer",
                     f"{ours:.3f} / {peer:.3f}", key=f"served_sampled.{t}.*.{k}"),
-                Row(f"ours / peer, served, K={k}, T={t}", f"{ours / peer:.2f}"),
+                Row(f"ours / peer, served, K={k}, T={t}{drafts}", f"{ours / peer:.2f}"),
             ]  # fmt: skip
     for k, value in (f.get("offline_ours") or {}).items():
         rows.append(Row(f"offline mean acceptance length of ours, K={k}", f"{value:.3f}",
@@ -528,6 +531,10 @@ def main() -> None:
         help="temperatures also served (seeded), beside greedy: how the drafters compare when "
         "the target is served sampled (the goal is greedy's)",
     )  # fmt: skip
+    parser.add_argument(
+        "--draft-sample-method", choices=["greedy", "probabilistic"], default="greedy",
+        help="how vLLM drafts at the sampled temperatures (evaluate.draft_sample_method)",
+    )  # fmt: skip
     parser.add_argument("--prompts", type=int, default=100)
     parser.add_argument("--max-tokens", type=int, default=256)
     parser.add_argument(
@@ -599,6 +606,7 @@ def main() -> None:
                 export, shards, target, heldout_fraction=heldout, k=k,
                 max_tokens=args.max_tokens, max_model_len=1024, max_prompts=args.prompts,
                 temperatures=[0.0, *(t for t in args.sampled if t > 0)], compare_plain=False,
+                draft_sample_method=args.draft_sample_method,
             )  # fmt: skip
             for t, at_t in report["by_temperature"].items():
                 length = at_t["mean_acceptance_length"]
@@ -622,6 +630,7 @@ def main() -> None:
         },
         "served": served,
         "served_sampled": by_temperature,
+        "draft_sample_method": args.draft_sample_method,
         "ratio": {str(k): served["ours"][str(k)] / served["peer"][str(k)] for k in args.ks},
         "offline_ours": offline,
         "prompts": args.prompts,

@@ -26,6 +26,7 @@ from eagleflow.files import write_json
 from eagleflow.loader import list_samples
 from eagleflow.logs import InputError
 from eagleflow.sampled import (
+    DRAFT_SAMPLE_METHODS,
     WALKS,
     acceptance_probabilities,
     walk_expected,
@@ -72,10 +73,16 @@ def offline_acceptance(
     ks: Sequence[int],
     max_samples: int | None = None,
     temperatures: Sequence[float] = (0.0,),
+    draft_sample_method: str = "greedy",
 ) -> dict:
     """Offline chain acceptance on the held-out split, for each K in `ks`: greedy (`by_k`)
     and, in `by_temperature`, at each of `temperatures` as vLLM accepts drafts when it samples
-    (see eagleflow/sampled.py)."""
+    them by `draft_sample_method` (see eagleflow/sampled.py)."""
+    if draft_sample_method not in DRAFT_SAMPLE_METHODS:
+        raise InputError(
+            f"evaluate.draft_sample_method: {draft_sample_method!r} is not one of vLLM's "
+            f"{list(DRAFT_SAMPLE_METHODS)}"
+        )
     model, config = load_drafter(export_dir)
     head = load_target_head(target)
     draft_ids = draft_to_target_ids(model.d2t)
@@ -95,8 +102,9 @@ def offline_acceptance(
         aux = sample["aux"].reshape(len(ids), -1).float()[None]
         outputs = model(aux, ids[None], head.embed, steps)
         length = len(ids)
+        logits = [model.logits(out[0]) for out in outputs]
         # drafted[step, t]: the target id drafted at slot t for token t + 2 + step.
-        drafted = torch.stack([draft_ids[model.logits(out[0]).argmax(-1)] for out in outputs])
+        drafted = torch.stack([draft_ids[step_logits.argmax(-1)] for step_logits in logits])
         matches = torch.zeros(steps, length, dtype=torch.bool)
         for step in range(steps):
             span = max(0, length - 2 - step)
@@ -107,7 +115,10 @@ def offline_acceptance(
             per_k[k]["accepted"] += accepted
             per_k[k]["past_end"] += past_end
         for temperature in sampled:
-            accept = acceptance_probabilities(head, sample["last"], drafted, temperature)
+            accept = acceptance_probabilities(
+                head, sample["last"], drafted, temperature,
+                logits if draft_sample_method == "probabilistic" else None, draft_ids,
+            )  # fmt: skip
             for k in ks:
                 for _ in range(WALKS):
                     accepted, past_end = walk_expected(accept, start, length, k, generator)
@@ -117,11 +128,13 @@ def offline_acceptance(
     by_temperature = {"0.0": {"by_k": by_k}} if 0.0 in temperatures else {}
     for temperature, walks in per_t.items():
         by_temperature[str(temperature)] = {
+            "draft_sample_method": draft_sample_method,
             "walks_per_response": WALKS,
             "by_k": {str(k): _summary(v["accepted"], v["past_end"], k) for k, v in walks.items()},
         }
     return {
         "samples": len(refs),
+        "draft_sample_method": draft_sample_method,
         "aux_layer_ids": config["aux_layer_ids"],
         "by_k": by_k,
         "by_temperature": by_temperature,

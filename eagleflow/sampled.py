@@ -1,13 +1,19 @@
 """Acceptance and losslessness of speculative decoding served at a sampling temperature T > 0.
 
-How vLLM 0.32 accepts EAGLE drafts when a request samples (`v1/sample/rejection_sampler.py`):
-the proposer drafts the argmax of the drafter (`llm_base_proposer.py`: no draft
-probabilities), so the rejection sampler treats each draft as certain (q = 1) and accepts draft
-d at a position with probability p_T(d), the target's probability of d after temperature
-scaling (and top-k / top-p); on rejection it draws from p_T with d removed, which keeps the
-output distributed as the target's own. Offline, with the target's logits recomputed from the
-stored last-layer states, the chain is walked as vLLM walks it, each draft accepted with that
-probability (seeded draws, averaged over walks); at T = 0 this is the greedy walk.
+How vLLM 0.32 accepts EAGLE drafts when a request samples (`v1/sample/rejection_sampler.py`),
+by the speculative config's `draft_sample_method`:
+- `greedy` (vLLM's default): the proposer drafts the argmax of the drafter
+  (`llm_base_proposer.py`: no draft probabilities), so the rejection sampler treats each draft
+  as certain (q = 1) and accepts draft d with probability p_T(d), the target's probability of d
+  after temperature scaling; on rejection it draws from p_T with d removed.
+- `probabilistic`: the proposer samples d from q_T = softmax(drafter logits / T) over the draft
+  vocab (`compute_probs_and_sample_next_token`) and keeps q_T; d is accepted with probability
+  min(1, p_T(d) / q_T(d)), on rejection the token is drawn from max(p_T - q_T, 0) normalized,
+  so a step is accepted with probability sum_x min(p_T(x), q_T(x)).
+Either way the output stays distributed as the target's own. Offline, with the target's logits
+recomputed from the stored last-layer states, the chain is walked as vLLM walks it, each step
+accepted with that probability (seeded draws, averaged over walks); at T = 0 both are the
+greedy walk.
 
 Lossless means the served tokens are distributed as the target's own samples, whatever the
 drafter. The check: the target's mean log-likelihood per generated token (raw logits, scored
@@ -36,15 +42,25 @@ LOSSLESS_SIGMAS = 4.0
 ACCEPTANCE_SIGMAS = 3.0
 WALKS = 16  # seeded walks per response at T > 0
 POSITIONS_PER_CHUNK = 256
+# vLLM's SpeculativeConfig.draft_sample_method values (see the module's docstring).
+DRAFT_SAMPLE_METHODS = ("greedy", "probabilistic")
 
 
 def acceptance_probabilities(
-    head: TargetHead, last: torch.Tensor, drafted: torch.Tensor, temperature: float
+    head: TargetHead,
+    last: torch.Tensor,
+    drafted: torch.Tensor,
+    temperature: float,
+    draft_logits: Sequence[torch.Tensor] | None = None,
+    draft_ids: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """accept[step, t]: the probability that vLLM sampling at `temperature` (> 0) accepts
-    `drafted[step, t]`, the draft at slot t for token t + 2 + step: the target's p_T of it at
-    position t + 1 + step, from the stored last-layer states `last` [L, H] through the target's
-    final norm and lm_head (`head`). Zero where no target position follows."""
+    """accept[step, t]: the probability that vLLM sampling at `temperature` (> 0) accepts the
+    draft at slot t for token t + 2 + step, against the target's p_T at position t + 1 + step
+    (from the stored last-layer states `last` [L, H] through the target's final norm and
+    lm_head, `head`). Greedy drafting: p_T of `drafted[step, t]`. With `draft_logits` (per step
+    [L, Dv], the drafter's logits over its vocab, whose target ids are `draft_ids`), drafts
+    sampled as `draft_sample_method: probabilistic` does: sum_x min(p_T(x), q_T(x)). Zero where
+    no target position follows."""
     steps, length = drafted.shape
     accept = torch.zeros(steps, length)
     normed = head.norm(last.float())
@@ -54,9 +70,15 @@ def acceptance_probabilities(
         log_probs = torch.log_softmax(normed[begin:end] @ lm_head.T / temperature, dim=-1)
         for step in range(steps):
             slots = torch.arange(max(begin - 1 - step, 0), end - 1 - step)
-            if len(slots):
-                rows = slots + 1 + step - begin
+            if not len(slots):
+                continue
+            rows = slots + 1 + step - begin
+            if draft_logits is None:
                 accept[step, slots] = log_probs[rows, drafted[step, slots]].exp()
+            else:
+                target_p = log_probs[rows][:, draft_ids].exp()
+                draft_q = torch.softmax(draft_logits[step][slots].float() / temperature, dim=-1)
+                accept[step, slots] = torch.minimum(target_p, draft_q).sum(-1)
     return accept
 
 

@@ -34,11 +34,13 @@ def serving_acceptance(
     compare_plain: bool = True,
     engine_options: Mapping[str, Any] | None = None,
     server_url: str | None = None,
+    draft_sample_method: str = "greedy",
 ) -> dict:
     """Generation of the held-out prompts in vLLM with the drafter at each of `temperatures`
     (prompt i seeded i) and, with `compare_plain`, without it: the speed-up, identical greedy
     outputs, and at T > 0 whether the drafter left the output distribution as the target's
-    (eagleflow/sampled.py); `engine_options`: the user's, for both engines. With `server_url`
+    (eagleflow/sampled.py); `engine_options`: the user's, for both engines;
+    `draft_sample_method`: how the engine drafts when sampling (vLLM's). With `server_url`
     (a vLLM server serving the target with the drafter) no engine is built here and nothing
     is compared without the drafter. Returns the first temperature's figures at the top level,
     every temperature's under `by_temperature`."""
@@ -61,7 +63,7 @@ def serving_acceptance(
         spec, _ = serve(
             target, prompts, max_tokens=max_tokens, max_model_len=max_model_len,
             temperatures=temperatures, options=engine_options,
-            speculative_config=eagle3_config(export_dir, k),
+            speculative_config=eagle3_config(export_dir, k, draft_sample_method),
         )  # fmt: skip
     by_temperature = {}
     for t, run in spec.items():
@@ -132,6 +134,7 @@ def serving_check(
     engine_options: Mapping[str, Any] | None = None,
     server_url: str | None = None,
     other_ks: Sequence[int] = (),
+    draft_sample_method: str = "greedy",
 ) -> dict:
     """Measure served acceptance at each of `temperatures` (in vLLM engines built here, or on
     the vLLM server at `server_url`); write the report only when the drafter passes.
@@ -146,7 +149,8 @@ def serving_check(
     a drafter cannot change them in a correct engine), or when a diagnostic finds a known
     fault in the export; the findings go into the error and into `<out>.rejected.json`.
     `other_ks`: further K served at the data's temperature and gated alike (`by_k`), each in an
-    engine of its own (not with a server: it serves one K).
+    engine of its own (not with a server: it serves one K). `draft_sample_method`: vLLM's, as
+    the offline estimate assumed it (a server drafts as it was started).
     """
     from eagleflow.diagnose import diagnose_export
 
@@ -158,6 +162,12 @@ def serving_check(
     if unknown:
         raise InputError(
             f"evaluate.other_served_ks: {unknown} not among the offline ks {list(offline['by_k'])}"
+        )
+    estimated = offline.get("draft_sample_method", "greedy")
+    if estimated != draft_sample_method:
+        raise InputError(
+            f"evaluate.draft_sample_method: {draft_sample_method!r}, but the offline estimate "
+            f"assumed {estimated!r}; rerun evaluate_offline"
         )
     missing = [t for t in temperatures if str(float(t)) not in offline.get("by_temperature", {})]
     if missing:
@@ -177,6 +187,7 @@ def serving_check(
             max_tokens=max_tokens, max_model_len=max_model_len, max_prompts=max_prompts,
             temperatures=temperatures, compare_plain=compare_plain,
             engine_options=engine_options, server_url=server_url,
+            draft_sample_method=draft_sample_method,
         )  # fmt: skip
     except InputError:  # the server serves no drafter, or another K: the user's to fix
         raise
@@ -227,7 +238,7 @@ def serving_check(
             other_ks, offline, data_temperature, tolerance, export_dir=export_dir,
             shard_paths=shard_paths, target=target, heldout_fraction=heldout_fraction,
             max_tokens=max_tokens, max_model_len=max_model_len, max_prompts=max_prompts,
-            engine_options=engine_options,
+            engine_options=engine_options, draft_sample_method=draft_sample_method,
         )  # fmt: skip
         failures += shortfalls
     first = by_temperature[str(temperatures[0])]
@@ -237,6 +248,7 @@ def serving_check(
         "by_k": by_k,
         "tolerance": tolerance,
         "data_temperature": data_temperature,
+        "draft_sample_method": draft_sample_method,
         "warnings": warnings,
         "diagnostics": problems,
     }

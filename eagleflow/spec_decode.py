@@ -182,11 +182,15 @@ def score_outputs(
     return results
 
 
-def eagle3_config(drafter: str | Path, num_speculative_tokens: int) -> dict:
+def eagle3_config(
+    drafter: str | Path, num_speculative_tokens: int, draft_sample_method: str = "greedy"
+) -> dict:
+    """vLLM's speculative config of the drafter (draft_sample_method: eagleflow/sampled.py)."""
     return {
         "method": "eagle3",
         "model": str(drafter),
         "num_speculative_tokens": num_speculative_tokens,
+        "draft_sample_method": draft_sample_method,
     }
 
 

@@ -16,6 +16,7 @@ rule evaluate_offline:
     params:
         ks=config["evaluate"]["ks"],
         temperatures=config["evaluate"]["temperatures"],
+        draft_sample_method=config["evaluate"]["draft_sample_method"],
         max_samples=config["evaluate"]["max_samples"],
         heldout_fraction=config["train"]["heldout_fraction"],
     script:
@@ -44,6 +45,7 @@ rule evaluate_serving:
         k=config["evaluate"]["serving_k"],
         other_ks=config["evaluate"]["other_served_ks"],
         temperatures=config["evaluate"]["temperatures"],
+        draft_sample_method=config["evaluate"]["draft_sample_method"],
         data_temperature=config["generation"]["temperature"],
         max_prompts=config["evaluate"]["max_prompts"],
         tolerance=config["evaluate"]["tolerance"],

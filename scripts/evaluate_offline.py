@@ -13,6 +13,7 @@ with log_job_errors(log):
         heldout_fraction=snakemake.params.heldout_fraction,
         ks=snakemake.params.ks,
         temperatures=snakemake.params.temperatures,
+        draft_sample_method=snakemake.params.draft_sample_method,
         max_samples=snakemake.params.max_samples,
     )
 log.info("%s", report)

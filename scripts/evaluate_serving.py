@@ -21,6 +21,7 @@ if __name__ == "__main__":  # vLLM spawns worker processes that re-import this m
             k=params.k,
             other_ks=params.other_ks,
             temperatures=params.temperatures,
+            draft_sample_method=params.draft_sample_method,
             data_temperature=params.data_temperature,
             tolerance=params.tolerance,
             max_prompts=params.max_prompts,

@@ -117,6 +117,67 @@ def test_sampled_serving_is_lossless_and_agrees_with_its_offline_estimate(demo_r
     assert report["served"] == report["by_temperature"]["0.0"]["served"]
 
 
+def test_probabilistic_drafting_is_served_modelled_and_lossless(demo_copy: Path) -> None:
+    """`evaluate.draft_sample_method: probabilistic` (vLLM's speculative-config option): the
+    check serves with drafts sampled from the drafter, the offline estimate models vLLM's rule
+    for them (sum min(p, q) per step, not greedy drafting's p(argmax q)) and the served figure
+    agrees with it, and the sampled outputs stay the target's own."""
+    greedy = json.loads((demo_copy / "results/eval/serving.json").read_text())
+    greedy = greedy["by_temperature"]["1.0"]
+    config = yaml.safe_load((demo_copy / "config.yaml").read_text())
+    config["evaluate"] = {
+        **config.get("evaluate", {}),
+        "draft_sample_method": "probabilistic",
+        "temperatures": [1.0],
+        "other_served_ks": [],
+    }
+    (demo_copy / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
+    dry_run = run_snakemake(demo_copy, "-n", "results/eval/serving.json").stdout
+    assert scheduled_outputs(dry_run, "results/") == [
+        "results/eval/offline.json", "results/eval/serving.json"
+    ]  # fmt: skip
+    run_snakemake(demo_copy, "results/eval/serving.json")
+    offline = json.loads((demo_copy / "results/eval/offline.json").read_text())
+    report = json.loads((demo_copy / "results/eval/serving.json").read_text())
+    assert offline["draft_sample_method"] == report["draft_sample_method"] == "probabilistic"
+    sampled = report["by_temperature"]["1.0"]
+    served, estimate = sampled["served"], sampled["offline"]
+    print(
+        f"T=1, K=3: probabilistic drafts served {served['mean_acceptance_length']:.3f} (offline "
+        f"{estimate['mean_acceptance_length']:.3f}), greedy drafts served "
+        f"{greedy['served']['mean_acceptance_length']:.3f} (offline "
+        f"{greedy['offline']['mean_acceptance_length']:.3f}); log-likelihood "
+        f"{served['lossless']['loglik_with_drafter']:.3f} with, "
+        f"{served['lossless']['loglik_without_drafter']:.3f} without the drafter"
+    )
+    assert served["lossless"]["lossless"] is True
+    margin = report["tolerance"] + 3 * sampled["served_stderr"] / estimate["mean_acceptance_length"]
+    assert abs(sampled["relative_gap"]) <= margin
+    # The test config's drafter is barely trained (40 steps): its q is far from p, and sampled
+    # drafts fare worse than its argmax; the estimate must tell the two rules apart.
+    gap = estimate["mean_acceptance_length"] - greedy["offline"]["mean_acceptance_length"]
+    assert abs(gap) > 3 * sampled["served_stderr"]
+
+
+def test_draft_sample_method_is_checked_against_the_estimate(tmp_path: Path) -> None:
+    from eagleflow.evaluate import offline_acceptance
+    from eagleflow.logs import InputError
+    from eagleflow.serving_check import serving_check
+
+    with pytest.raises(InputError, match="'sampled' is not one of vLLM's"):
+        offline_acceptance(tmp_path, [], tmp_path, heldout_fraction=0.05, ks=[3],
+                           draft_sample_method="sampled")  # fmt: skip
+    offline = {"by_k": {"3": {}}, "by_temperature": {"1.0": {}}, "draft_sample_method": "greedy"}
+    with pytest.raises(InputError, match="the offline estimate assumed 'greedy'; rerun"):
+        serving_check(
+            tmp_path / "serving.json", offline=offline, export_dir=tmp_path, shard_paths=[],
+            target=tmp_path, heldout_fraction=0.05, k=3, tolerance=0.03, max_prompts=1,
+            max_tokens=1, max_model_len=64, temperatures=[1.0],
+            draft_sample_method="probabilistic",
+        )  # fmt: skip
+    assert not (tmp_path / "serving.json").exists()
+
+
 def test_broken_sampling_engine_is_named_an_engine_fault(
     demo_copy: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -41,6 +41,35 @@ def test_acceptance_is_the_targets_tempered_probability_of_the_draft() -> None:
                 assert torch.isclose(accept[step, slot], torch.as_tensor(expected), atol=1e-5)
 
 
+def test_probabilistic_drafts_are_accepted_with_the_overlap_of_the_two_distributions() -> None:
+    """`draft_sample_method: probabilistic`: vLLM draws d from the drafter's tempered q over the
+    draft vocab and accepts it with min(1, p(d) / q(d)); the estimate is sum min(p, q), which
+    vLLM's rule, simulated, reproduces."""
+    torch.manual_seed(0)
+    vocab, hidden, length, steps, draft_vocab = 40, 8, 12, 2, 10
+    head = TargetHead(torch.randn(vocab, hidden), torch.rand(hidden) + 0.5,
+                      torch.randn(vocab, hidden), 1e-6)  # fmt: skip
+    last = torch.randn(length, hidden)
+    draft_ids = torch.randperm(vocab)[:draft_vocab]
+    draft_logits = [torch.randn(length, draft_vocab) * 2 for _ in range(steps)]
+    drafted = torch.stack([draft_ids[logits.argmax(-1)] for logits in draft_logits])
+    temperature = 0.7
+    accept = acceptance_probabilities(head, last, drafted, temperature, draft_logits, draft_ids)
+    greedy = acceptance_probabilities(head, last, drafted, temperature)
+    p = torch.softmax(head.norm(last) @ head.lm_head.T / temperature, dim=-1)
+    generator = torch.Generator().manual_seed(1)
+    step, slot = 1, 4  # the draft for token 7, judged by the target at position 6
+    q = torch.softmax(draft_logits[step][slot] / temperature, dim=-1)
+    draws = torch.multinomial(q, 20000, replacement=True, generator=generator)
+    ratio = (p[slot + 1 + step, draft_ids[draws]] / q[draws]).clamp(max=1)
+    simulated = (torch.rand(20000, generator=generator) < ratio).float().mean()
+    overlap = torch.minimum(p[slot + 1 + step, draft_ids], q).sum()
+    assert torch.isclose(accept[step, slot], overlap, atol=1e-5)
+    assert abs(float(simulated - overlap)) < 0.015  # 20,000 draws: ~4 standard errors
+    assert not torch.allclose(accept, greedy)  # a different rule from greedy drafting's
+    assert accept[:, length - 2 :].abs().sum() == 0  # no target position follows
+
+
 def test_walk_with_certain_outcomes_is_the_greedy_walk() -> None:
     rng = random.Random(0)
     generator = torch.Generator().manual_seed(0)
