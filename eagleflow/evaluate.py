@@ -16,6 +16,7 @@ served value should lie between them (up to greedy near-ties).
 from __future__ import annotations
 
 from collections.abc import Sequence
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -102,9 +103,9 @@ def offline_acceptance(
         aux = sample["aux"].reshape(len(ids), -1).float()[None]
         outputs = model(aux, ids[None], head.embed, steps)
         length = len(ids)
-        logits = [model.logits(out[0]) for out in outputs]
         # drafted[step, t]: the target id drafted at slot t for token t + 2 + step.
-        drafted = torch.stack([draft_ids[step_logits.argmax(-1)] for step_logits in logits])
+        drafted = torch.stack([draft_ids[model.logits(out[0]).argmax(-1)] for out in outputs])
+
         matches = torch.zeros(steps, length, dtype=torch.bool)
         for step in range(steps):
             span = max(0, length - 2 - step)
@@ -117,7 +118,9 @@ def offline_acceptance(
         for temperature in sampled:
             accept = acceptance_probabilities(
                 head, sample["last"], drafted, temperature,
-                logits if draft_sample_method == "probabilistic" else None, draft_ids,
+                partial(_step_logits, model, outputs)
+                if draft_sample_method == "probabilistic" else None,
+                draft_ids,
             )  # fmt: skip
             for k in ks:
                 for _ in range(WALKS):
@@ -139,6 +142,13 @@ def offline_acceptance(
         "by_k": by_k,
         "by_temperature": by_temperature,
     }
+
+
+def _step_logits(
+    model, outputs: list[torch.Tensor], step: int, slots: torch.Tensor
+) -> torch.Tensor:
+    """The drafter's logits at chain step `step` for `slots` (of a batch of one sample)."""
+    return model.logits(outputs[step][0][slots])
 
 
 def _summary(accepted: list[int], past_end: list[int], k: int) -> dict:

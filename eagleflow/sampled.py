@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import math
 import statistics
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -51,16 +51,17 @@ def acceptance_probabilities(
     last: torch.Tensor,
     drafted: torch.Tensor,
     temperature: float,
-    draft_logits: Sequence[torch.Tensor] | None = None,
+    draft_logits: Callable[[int, torch.Tensor], torch.Tensor] | None = None,
     draft_ids: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """accept[step, t]: the probability that vLLM sampling at `temperature` (> 0) accepts the
     draft at slot t for token t + 2 + step, against the target's p_T at position t + 1 + step
     (from the stored last-layer states `last` [L, H] through the target's final norm and
-    lm_head, `head`). Greedy drafting: p_T of `drafted[step, t]`. With `draft_logits` (per step
-    [L, Dv], the drafter's logits over its vocab, whose target ids are `draft_ids`), drafts
-    sampled as `draft_sample_method: probabilistic` does: sum_x min(p_T(x), q_T(x)). Zero where
-    no target position follows."""
+    lm_head, `head`). Greedy drafting: p_T of `drafted[step, t]`. With `draft_logits` (step,
+    slots -> the drafter's logits there over its vocab [len(slots), Dv], whose target ids are
+    `draft_ids`; asked a chunk at a time, so that memory stays bounded), drafts sampled as
+    `draft_sample_method: probabilistic` does: sum_x min(p_T(x), q_T(x)). Zero where no target
+    position follows."""
     steps, length = drafted.shape
     accept = torch.zeros(steps, length)
     normed = head.norm(last.float())
@@ -77,7 +78,7 @@ def acceptance_probabilities(
                 accept[step, slots] = log_probs[rows, drafted[step, slots]].exp()
             else:
                 target_p = log_probs[rows][:, draft_ids].exp()
-                draft_q = torch.softmax(draft_logits[step][slots].float() / temperature, dim=-1)
+                draft_q = torch.softmax(draft_logits(step, slots).float() / temperature, dim=-1)
                 accept[step, slots] = torch.minimum(target_p, draft_q).sum(-1)
     return accept
 

@@ -54,7 +54,9 @@ def test_probabilistic_drafts_are_accepted_with_the_overlap_of_the_two_distribut
     draft_logits = [torch.randn(length, draft_vocab) * 2 for _ in range(steps)]
     drafted = torch.stack([draft_ids[logits.argmax(-1)] for logits in draft_logits])
     temperature = 0.7
-    accept = acceptance_probabilities(head, last, drafted, temperature, draft_logits, draft_ids)
+    accept = acceptance_probabilities(
+        head, last, drafted, temperature, lambda step, slots: draft_logits[step][slots], draft_ids
+    )
     greedy = acceptance_probabilities(head, last, drafted, temperature)
     p = torch.softmax(head.norm(last) @ head.lm_head.T / temperature, dim=-1)
     generator = torch.Generator().manual_seed(1)
