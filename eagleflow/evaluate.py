@@ -105,7 +105,6 @@ def offline_acceptance(
         length = len(ids)
         # drafted[step, t]: the target id drafted at slot t for token t + 2 + step.
         drafted = torch.stack([draft_ids[model.logits(out[0]).argmax(-1)] for out in outputs])
-
         matches = torch.zeros(steps, length, dtype=torch.bool)
         for step in range(steps):
             span = max(0, length - 2 - step)
