@@ -18,7 +18,7 @@ from pathlib import Path
 
 from rows import Row, finish, output_arguments
 
-METHODS = ("greedy", "probabilistic")
+from eagleflow.sampled import DRAFT_SAMPLE_METHODS as METHODS
 
 
 def table_rows(f: dict) -> list[Row]:

@@ -531,8 +531,10 @@ def main() -> None:
         help="temperatures also served (seeded), beside greedy: how the drafters compare when "
         "the target is served sampled (the goal is greedy's)",
     )  # fmt: skip
+    from eagleflow.sampled import DRAFT_SAMPLE_METHODS
+
     parser.add_argument(
-        "--draft-sample-method", choices=["greedy", "probabilistic"], default="greedy",
+        "--draft-sample-method", choices=DRAFT_SAMPLE_METHODS, default="greedy",
         help="how vLLM drafts at the sampled temperatures (evaluate.draft_sample_method)",
     )  # fmt: skip
     parser.add_argument("--prompts", type=int, default=100)

