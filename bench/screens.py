@@ -1,0 +1,201 @@
+"""Recipe screens: the configured recipe of a finished demo run trained with one change that the
+trainer has no setting for (the change is patched in for this process only), then served in vLLM
+at K=3 and 5, T=0 and 1.0, with bench/peer.py's arguments, so that each can be paired with the
+default's peer rows at the same seed.
+
+Not adopted changes stay out of the package: each variant below patches one function of it.
+`--set FIELD=VALUE` changes a TrainSettings field instead (ema_decay, warmup_steps, ...).
+
+    .venv/bin/python bench/screens.py --run RUN --variant kv_heads --value 2 --seed 0 --out DIR
+    .venv/bin/python bench/screens.py --run RUN --set ema_decay=0.995 --seed 3 --out DIR --threads 1
+
+Prints and writes DIR/result.json: held-out acc_0..2, the training seconds, and the served mean
+acceptance length by K and temperature. Rows: bench/figures/screens.*.json, written from those.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+import yaml
+from recipes import settings_for
+
+import eagleflow.drafter as drafter_module
+import eagleflow.recipe as recipe_module
+import eagleflow.train as train_module
+from eagleflow.serving_check import serving_acceptance
+from eagleflow.target_config import target_text_config
+from eagleflow.train import TrainSettings
+
+
+def head_lr(scale: float, s: TrainSettings) -> None:
+    """The AdamW group (lm_head, norms) steps at `scale` x the scheduled rate; Muon's matrices
+    keep theirs."""
+    plain_step = recipe_module.Optimizers.step
+
+    def scaled_step(self) -> None:
+        groups = [g for opt in self.optimizers[1:] for g in opt.param_groups]
+        for group in groups:
+            group["lr"] *= scale
+        plain_step(self)
+        for group in groups:
+            group["lr"] /= scale
+
+    recipe_module.Optimizers.step = scaled_step
+
+
+def zero_out_init(_: float, s: TrainSettings) -> None:
+    """The layer's o_proj and down_proj start at zero (modded-nanogpt's start for Muon blocks)."""
+    plain_init = drafter_module.Eagle3Drafter.__init__
+
+    def init(self, *args, **kwargs) -> None:
+        plain_init(self, *args, **kwargs)
+        with torch.no_grad():
+            self.midlayer.self_attn.o_proj.weight.zero_()
+            self.midlayer.mlp.down_proj.weight.zero_()
+
+    drafter_module.Eagle3Drafter.__init__ = init
+
+
+def wsd(decay_from: float, s: TrainSettings) -> None:
+    """Warmup, the peak until `decay_from` of the steps, then linear to 0 (instead of cosine)."""
+
+    def learning_rate(step: int, t: TrainSettings) -> float:
+        if step < t.warmup_steps:
+            return t.learning_rate * (step + 1) / t.warmup_steps
+        start = int(decay_from * t.steps)
+        if step < start:
+            return t.learning_rate
+        return t.learning_rate * max(0.0, 1 - (step - start) / max(1, t.steps - start))
+
+    train_module.learning_rate = learning_rate
+
+
+def kv_heads(count: float, s: TrainSettings) -> None:
+    """The drafter layer's attention with `count` key/value heads instead of the target's."""
+    plain = drafter_module.DrafterConfig.from_target.__func__
+
+    def from_target(cls, *args, **kwargs):
+        return dataclasses.replace(plain(cls, *args, **kwargs), num_key_value_heads=int(count))
+
+    train_module.DrafterConfig.from_target = classmethod(from_target)
+
+
+def focal(gamma: float, s: TrainSettings) -> None:
+    """Each slot's KL times (1 - q(target's argmax))^gamma, detached, divided by its mean over
+    the chain step's slots. A copy of eagleflow.train.ttt_terms with that weight added."""
+
+    def ttt_terms(
+        draft_outputs, to_logits, teacher_logp, argmax_in_draft, loss_mask, accuracy=True
+    ):
+        kl_sums, counts, correct = [], [], []
+        length = loss_mask.shape[1]
+        teacher_p = teacher_logp.exp()
+        teacher_neg_entropy = (teacher_p * teacher_logp).sum(-1)
+        teacher_best = teacher_logp.argmax(-1)
+        for step, outputs in enumerate(draft_outputs):
+            shift = min(1 + step, length)
+            valid = loss_mask[:, shift:] & argmax_in_draft[:, shift:]
+            next_is_assistant = torch.zeros_like(valid)
+            next_is_assistant[:, :-1] = loss_mask[:, shift + 1 :]
+            valid &= next_is_assistant
+            rows = outputs[:, : length - shift][valid]
+            logits = to_logits(train_module._pad_rows(rows)).float()[: rows.shape[0]]
+            lse = torch.logsumexp(logits, -1)
+            kl = (
+                teacher_neg_entropy[:, shift:][valid]
+                + lse
+                - (teacher_p[:, shift:][valid] * logits).sum(-1)
+            )
+            best = teacher_best[:, shift:][valid]
+            q_best = (logits.gather(-1, best[:, None]).squeeze(-1) - lse).exp().detach()
+            weight = (1 - q_best).clamp(min=0) ** gamma
+            kl_sums.append((kl * weight / weight.mean().clamp(min=1e-6)).sum())
+            counts.append(valid.sum())
+            correct.append((logits.argmax(-1) == best).sum())
+        return kl_sums, counts, correct
+
+    train_module.ttt_terms = ttt_terms
+
+
+def layer_n_aux(_: float, s: TrainSettings) -> None:
+    """The target's layer-N state (stored for the teacher) as one more aux input: the shards'
+    aux ids plus N, so the export asks vLLM for it (vLLM 0.32 captures a state after each
+    layer idx + 1, N included)."""
+    plain_open, plain_terms = train_module.open_shard, train_module._batch_terms
+    layer_n = int(target_text_config(s.target)["num_hidden_layers"])
+
+    class WithLayerN:
+        def __init__(self, group) -> None:
+            self.group = group
+            self.attrs = {**group.attrs, "aux_layer_ids": [*group.attrs["aux_layer_ids"], layer_n]}
+
+        def __getattr__(self, name: str):
+            return getattr(self.group, name)
+
+    def batch_terms(model, head, batch, *args, **kwargs):
+        aux = torch.cat([batch["aux"].float(), batch["last"].float()], dim=-1)
+        return plain_terms(model, head, {**batch, "aux": aux}, *args, **kwargs)
+
+    train_module.open_shard = lambda path: WithLayerN(plain_open(path))
+    train_module._batch_terms = batch_terms
+
+
+VARIANTS: dict[str, Callable] = {
+    f.__name__: f for f in (head_lr, zero_out_init, wsd, kv_heads, focal, layer_n_aux)
+}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--run", type=Path, required=True, help="a finished demo run (its root)")
+    parser.add_argument("--variant", choices=sorted(VARIANTS), help="the patched change")
+    parser.add_argument("--value", type=float, default=0.0, help="the variant's parameter")
+    parser.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="FIELD=VALUE",
+        help="a TrainSettings field (YAML value), e.g. ema_decay=0.995",
+    )
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--threads", type=int, default=0, help="0: every core")
+    parser.add_argument("--steps", type=int, default=None, help="default: the run's")
+    parser.add_argument("--out", type=Path, required=True)
+    args = parser.parse_args()
+
+    s = settings_for(args.run, None, None, args.out, args.seed, args.threads)
+    fields = dict(item.split("=", 1) for item in args.set)
+    s = dataclasses.replace(s, **{k: yaml.safe_load(v) for k, v in fields.items()})
+    if args.steps:
+        s = dataclasses.replace(s, steps=args.steps)
+    if args.variant:
+        VARIANTS[args.variant](args.value, s)
+    start = time.perf_counter()
+    heldout = train_module.train_drafter(s)
+    seconds = time.perf_counter() - start
+    served = {}
+    for k in (3, 5):
+        report = serving_acceptance(
+            s.out_vllm, s.shards, s.target, heldout_fraction=s.heldout_fraction, k=k,
+            max_tokens=256, max_model_len=1024, max_prompts=100, temperatures=[0.0, 1.0],
+            compare_plain=False,
+        )  # fmt: skip
+        served[k] = {t: v["mean_acceptance_length"] for t, v in report["by_temperature"].items()}
+    result = {
+        "variant": args.variant, "value": args.value, "set": fields, "seed": args.seed,
+        "train_seconds": round(seconds, 1),
+        "acc": [round(heldout[f"acc_{i}"], 4) for i in range(3)], "served": served,
+    }  # fmt: skip
+    print("RESULT", json.dumps(result), flush=True)
+    (args.out / "result.json").write_text(json.dumps(result) + "\n")
+
+
+if __name__ == "__main__":
+    main()
