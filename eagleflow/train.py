@@ -225,8 +225,8 @@ def _batch_terms(
     accuracy: bool = True,
 ) -> tuple[list[torch.Tensor], list[torch.Tensor], list[torch.Tensor]]:
     # The teacher runs outside autocast, its logits rounded to the lm_head's bf16 as a target
-    # served in bf16 computes them. Exact float32 logits served less even where the target is
-    # served in float32 (bench/screens.py float32_teacher).
+    # served in bf16 computes them. Exact float32 logits served no more, even where the target
+    # is served in float32 (bench/screens.py float32_teacher).
     teacher_logp, argmax_in_draft = head.teacher(batch["last"], draft_ids)
     module = model.module if hasattr(model, "module") else model
     device = batch["aux"].device.type
