@@ -164,19 +164,18 @@ def layer_n_aux(_: float, s: TrainSettings) -> None:
 
 
 def float32_teacher(_: float, s: TrainSettings) -> None:
-    """The teacher's logits in float32 (the final norm's output and the lm_head's product kept
-    in float32 instead of rounded to the lm_head's bf16), as a target served in float32 computes
-    them: on the AVX2-only demo the bf16 rounding moved the argmax off the data's token at 0.6%
-    of answer positions, float32 at 0.04%."""
+    """The teacher's logits in float32: the target head's lm_head kept in float32 instead of
+    bf16, so TargetHead.teacher neither rounds the final norm's output nor the logits, as a
+    target served in float32 computes them (on the AVX2-only demo the bf16 rounding moved the
+    argmax off the data's token at 0.6% of answer positions, float32 at 0.04%)."""
+    plain_load = train_module.load_target_head
 
-    @torch.no_grad()
-    def teacher(self, last: torch.Tensor, draft_ids: torch.Tensor):
-        full = self.norm(last.float()) @ self.lm_head.float().T  # [B, T, V]
-        in_draft = torch.zeros(full.shape[-1], dtype=torch.bool, device=full.device)
-        in_draft[draft_ids] = True
-        return torch.log_softmax(full[..., draft_ids], -1), in_draft[full.argmax(-1)]
+    def load_target_head(model_dir):
+        head = plain_load(model_dir)
+        head.lm_head = head.lm_head.float()
+        return head
 
-    drafter_module.TargetHead.teacher = teacher
+    train_module.load_target_head = load_target_head
 
 
 VARIANTS: dict[str, Callable] = {
