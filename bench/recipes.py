@@ -41,9 +41,10 @@ from pathlib import Path
 import yaml
 from rows import Row, finish, finished_run, output_arguments
 
+from eagleflow.checkpoints import training_code
 from eagleflow.evaluate import offline_acceptance
 from eagleflow.serving_check import serving_acceptance
-from eagleflow.train import TrainSettings, train_drafter, training_code
+from eagleflow.train import TrainSettings, train_drafter
 
 # The original EAGLE-3 recipe, which every ablation row changes in one place.
 BASE = {

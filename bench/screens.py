@@ -32,6 +32,7 @@ import eagleflow.train as train_module
 from eagleflow.serving_check import serving_acceptance
 from eagleflow.target_config import target_text_config
 from eagleflow.train import TrainSettings
+from eagleflow.ttt_loss import pad_rows
 
 
 def head_lr(scale: float, s: TrainSettings) -> None:
@@ -88,7 +89,7 @@ def kv_heads(count: float, s: TrainSettings) -> None:
 
 
 def weighted_ttt_terms(weight_of: Callable) -> Callable:
-    """A copy of eagleflow.train.ttt_terms in which each slot's KL is multiplied by
+    """A copy of eagleflow.ttt_loss.ttt_terms in which each slot's KL is multiplied by
     weight_of(q_best, p_best) (the drafter's and the teacher's probability of the teacher's
     argmax; detached), divided by its mean over the chain step's slots."""
 
@@ -108,7 +109,7 @@ def weighted_ttt_terms(weight_of: Callable) -> Callable:
             next_is_assistant[:, :-1] = loss_mask[:, shift + 1 :]
             valid &= next_is_assistant
             rows = outputs[:, : length - shift][valid]
-            logits = to_logits(train_module._pad_rows(rows)).float()[: rows.shape[0]]
+            logits = to_logits(pad_rows(rows)).float()[: rows.shape[0]]
             lse = torch.logsumexp(logits, -1)
             kl = (
                 teacher_neg_entropy[:, shift:][valid]

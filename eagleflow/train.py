@@ -1,4 +1,5 @@
-"""EAGLE-3 drafter training from zarr shards: TTT with forward KL, checkpoints, resume, DDP.
+"""EAGLE-3 drafter training from zarr shards: the loop, resume, DDP, export. The objective is in
+eagleflow.ttt_loss, what survives a crash in eagleflow.checkpoints.
 
 Run in-process (`train_drafter`) or under torchrun (`python -m eagleflow.train SETTINGS.json`).
 With N processes every rank sums its loss over its share of the global batch and divides by the
@@ -8,8 +9,6 @@ global count of positions, so N processes follow the 1-process loss curve for th
 from __future__ import annotations
 
 import contextlib
-import csv
-import functools
 import hashlib
 import json
 import logging
@@ -19,27 +18,32 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
 
+from eagleflow.checkpoints import (
+    MetricsLog,
+    checkpoint_paths,
+    latest_checkpoint,
+    save_checkpoint,
+    training_code,
+)
 from eagleflow.drafter import DrafterConfig, Eagle3Drafter, TargetHead, load_target_head
 from eagleflow.export import RECIPE_FLAGS, export_speculators, export_vllm
 from eagleflow.files import atomic_output
-from eagleflow.fingerprint import code_digests
 from eagleflow.loader import TrainBatches, list_samples, make_loader, pack_batches, window_tokens
 from eagleflow.logs import InputError, setup_job_logging
 from eagleflow.precision import native_bf16
 from eagleflow.progress import token_progress
 from eagleflow.recipe import WeightAverage, build_optimizer, init_head_from_target, lr_at
 from eagleflow.shards import open_shard
+from eagleflow.ttt_loss import ttt_terms
 from eagleflow.vocab import draft_to_target_ids, load_vocab_map
 
 log = logging.getLogger("eagleflow.train")
-KEEP_CHECKPOINTS = 2
 
 
 @dataclass
@@ -111,71 +115,11 @@ class TrainSettings:
         return hashlib.sha256(json.dumps(keys, sort_keys=True).encode()).hexdigest()[:16]
 
 
-@functools.cache
-def training_code() -> dict[str, str]:
-    """sha256 of each eagleflow module the trainer imports, and torch's version: a checkpoint
-    written by other code is not resumed, and the log names what changed. Read once per
-    process: the code that runs, even if the files are edited during a long training."""
-    return {**code_digests("eagleflow.train"), "torch": str(torch.__version__)}
-
-
 def _shard_identity(path: str) -> str:
     """Name and metadata of a shard (its attributes carry counts and fingerprints)."""
     return (
         Path(path).name + ":" + hashlib.sha256((Path(path) / "zarr.json").read_bytes()).hexdigest()
     )
-
-
-def ttt_terms(
-    draft_outputs: list[torch.Tensor],
-    to_logits: Callable[[torch.Tensor], torch.Tensor],
-    teacher_logp: torch.Tensor,
-    argmax_in_draft: torch.Tensor,
-    loss_mask: torch.Tensor,
-    accuracy: bool = True,
-) -> tuple[list[torch.Tensor], list[torch.Tensor], list[torch.Tensor]]:
-    """Per step k: summed forward KL, number of valid slots and number of argmax matches (zero
-    without `accuracy`: the argmaxes only feed logged metrics).
-
-    Slot t of step k predicts token t+2+k with the teacher of position t+1+k. It counts when that
-    token and the input token t+1+k are both assistant tokens (drafting starts at the last prompt
-    position) and the target's argmax lies in the draft vocab. Logits are computed for those
-    slots only.
-    """
-    kl_sums, counts, correct = [], [], []
-    length = loss_mask.shape[1]
-    # KL(p || softmax(z)) = sum p log p + logsumexp(z) - p.z: the teacher's terms once per batch,
-    # two passes over each step's logits (log_softmax, then p * (log p - log q) took five).
-    teacher_p = teacher_logp.exp()
-    teacher_neg_entropy = (teacher_p * teacher_logp).sum(-1)
-    teacher_best = teacher_logp.argmax(-1) if accuracy else None
-    for step, outputs in enumerate(draft_outputs):
-        shift = min(1 + step, length)  # samples shorter than the chain: nothing counts
-        # Slots t < T - shift, aligned with position t + shift: slices instead of shifted
-        # copies of the [B, T, Dv] teacher.
-        valid = loss_mask[:, shift:] & argmax_in_draft[:, shift:]
-        next_is_assistant = torch.zeros_like(valid)
-        next_is_assistant[:, :-1] = loss_mask[:, shift + 1 :]
-        valid &= next_is_assistant
-        rows = outputs[:, : length - shift][valid]
-        logits = to_logits(_pad_rows(rows)).float()[: rows.shape[0]]
-        cross = (teacher_p[:, shift:][valid] * logits).sum(-1)
-        kl = teacher_neg_entropy[:, shift:][valid] + torch.logsumexp(logits, -1) - cross
-        kl_sums.append(kl.sum())
-        counts.append(valid.sum())
-        if teacher_best is None:
-            correct.append(torch.zeros((), dtype=torch.int64, device=valid.device))
-        else:
-            correct.append((logits.argmax(-1) == teacher_best[:, shift:][valid]).sum())
-    return kl_sums, counts, correct
-
-
-def _pad_rows(rows: torch.Tensor, multiple: int = 128) -> torch.Tensor:
-    """Zero rows up to a multiple of `multiple`. On CPUs oneDNN compiles a kernel per matmul shape
-    and caches 1,024 of them: a new row count at every chain step of every batch evicted the
-    whole cache, and steps slowed as the run went on."""
-    extra = -rows.shape[0] % multiple
-    return torch.nn.functional.pad(rows, (0, 0, 0, extra)) if extra else rows
 
 
 def _padding_batch(cfg: DrafterConfig, length: int, device: torch.device) -> dict:
@@ -272,79 +216,6 @@ def _rank_world() -> tuple[int, int]:
     return 0, 1
 
 
-def _checkpoints(directory: Path) -> list[Path]:
-    return sorted(directory.glob("step-*.pt"))
-
-
-def save_checkpoint(
-    directory: Path, step: int, model, optimizer, fingerprint: str, average=None
-) -> Path:
-    state = {
-        "step": step,
-        "fingerprint": fingerprint,
-        "code": training_code(),
-        "model": (model.module if hasattr(model, "module") else model).state_dict(),
-        "optimizer": optimizer.state_dict(),
-    }
-    if average is not None:
-        state["average"] = average.state_dict()
-    path = directory / f"step-{step:07d}.pt"
-    with atomic_output(path) as tmp:
-        torch.save(state, tmp)
-    for old in _checkpoints(directory)[:-KEEP_CHECKPOINTS]:
-        old.unlink()
-    return path
-
-
-def latest_checkpoint(directory: Path, fingerprint: str) -> dict | None:
-    """The newest readable checkpoint of this exact training run, if any."""
-    for path in reversed(_checkpoints(directory)):
-        try:
-            state = torch.load(path, map_location="cpu", weights_only=True)
-        except Exception as err:  # a checkpoint cut short is skipped, the older one used
-            log.warning("skipping unreadable checkpoint %s: %s", path, err)
-            continue
-        if state.get("fingerprint") == fingerprint:
-            state["path"] = str(path)
-            return state
-        ours, theirs = training_code(), state.get("code", {})
-        changed = sorted(
-            name for name in ours.keys() | theirs.keys() if ours.get(name) != theirs.get(name)
-        )
-        reason = (
-            f"the training code changed ({', '.join(changed)})"
-            if changed
-            else "other settings or data"
-        )
-        log.info("ignoring checkpoint %s: %s", path, reason)
-    return None
-
-
-class MetricsLog:
-    """Per-position metrics as TSV: one row per logged step and split."""
-
-    def __init__(self, path: Path, ttt_steps: int, resume_step: int) -> None:
-        self.path = path
-        self.columns = ["step", "split", "lr", "loss", "tokens_per_s"] + [
-            f"{kind}_{k}" for kind in ("loss", "acc") for k in range(ttt_steps)
-        ]
-        rows = []
-        if resume_step and path.is_file():  # keep the rows the resumed run already logged
-            with path.open() as f:
-                rows = list(csv.DictReader(f, delimiter="\t"))
-            rows = [row for row in rows if int(row["step"]) <= resume_step]
-        with path.open("w", newline="") as f:
-            writer = csv.DictWriter(f, self.columns, delimiter="\t")
-            writer.writeheader()
-            writer.writerows(rows)
-
-    def write(self, row: dict) -> None:
-        with self.path.open("a", newline="") as f:
-            csv.DictWriter(f, self.columns, delimiter="\t", extrasaction="ignore").writerow(
-                {k: (f"{v:.6g}" if isinstance(v, float) else v) for k, v in row.items()}
-            )
-
-
 def train_drafter(s: TrainSettings) -> dict[str, float]:
     """Train (or resume) and export; returns the final held-out metrics."""
     # Once the drafter is confident, softmax gradients hold many denormal floats, which x86
@@ -400,7 +271,7 @@ def train_drafter(s: TrainSettings) -> dict[str, float]:
         start = state["step"]
         log.info("resuming from checkpoint %s at step %d of %d", state["path"], start, s.steps)
     else:
-        for stale in _checkpoints(checkpoint_dir):
+        for stale in checkpoint_paths(checkpoint_dir):
             stale.unlink()
         log.info("starting from step 0 of %d (no checkpoint of this run)", s.steps)
     if world > 1:

@@ -19,7 +19,7 @@ from eagleflow.export import RECIPE_FLAGS, export_speculators, export_vllm, load
 from eagleflow.loader import SampleRef, TrainBatches, epoch_batches
 from eagleflow.logs import InputError
 from eagleflow.recipe import Float32Muon, WeightAverage, build_optimizer, lr_at
-from eagleflow.train import ttt_terms
+from eagleflow.ttt_loss import ttt_terms
 from eagleflow.vocab import (
     build_vocab_map,
     check_vocab_map,

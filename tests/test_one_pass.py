@@ -27,7 +27,7 @@ from eagleflow.files import read_jsonl
 from eagleflow.generate import Sampling
 from eagleflow.shards import open_shard
 from eagleflow.status import extraction_status
-from eagleflow.train import ttt_terms
+from eagleflow.ttt_loss import ttt_terms
 
 ONE_PASS = {"extract": {"capture": "during_generation"}}
 

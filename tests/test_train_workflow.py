@@ -24,9 +24,10 @@ from conftest import (
 from faults import kill_when_running
 from safetensors.torch import load_file
 
+from eagleflow.checkpoints import latest_checkpoint, save_checkpoint, training_code
 from eagleflow.fingerprint import code_digests
 from eagleflow.loader import TrainBatches, list_samples, window_tokens
-from eagleflow.train import TrainSettings, latest_checkpoint, save_checkpoint, training_code
+from eagleflow.train import TrainSettings
 
 
 def metrics(path: Path) -> list[dict]:
@@ -143,8 +144,8 @@ def test_checkpoints_of_other_training_code_are_not_resumed(
     save_checkpoint(tmp_path, 10, model, optimizer, "before")
     assert latest_checkpoint(tmp_path, "before")["step"] == 10
     edited = {**training_code(), "eagleflow.drafter": "another version"}
-    monkeypatch.setattr("eagleflow.train.training_code", lambda: edited)
-    with caplog.at_level("INFO", logger="eagleflow.train"):
+    monkeypatch.setattr("eagleflow.checkpoints.training_code", lambda: edited)
+    with caplog.at_level("INFO", logger="eagleflow.checkpoints"):
         assert latest_checkpoint(tmp_path, "after") is None
     assert "the training code changed (eagleflow.drafter)" in caplog.text
 

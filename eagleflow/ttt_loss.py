@@ -1,0 +1,60 @@
+"""The training-time-test objective: per chain step, the forward KL of the drafter's logits to the
+target's over the slots a served chain drafts from."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+
+def ttt_terms(
+    draft_outputs: list[torch.Tensor],
+    to_logits: Callable[[torch.Tensor], torch.Tensor],
+    teacher_logp: torch.Tensor,
+    argmax_in_draft: torch.Tensor,
+    loss_mask: torch.Tensor,
+    accuracy: bool = True,
+) -> tuple[list[torch.Tensor], list[torch.Tensor], list[torch.Tensor]]:
+    """Per step k: summed forward KL, number of valid slots and number of argmax matches (zero
+    without `accuracy`: the argmaxes only feed logged metrics).
+
+    Slot t of step k predicts token t+2+k with the teacher of position t+1+k. It counts when that
+    token and the input token t+1+k are both assistant tokens (drafting starts at the last prompt
+    position) and the target's argmax lies in the draft vocab. Logits are computed for those
+    slots only.
+    """
+    kl_sums, counts, correct = [], [], []
+    length = loss_mask.shape[1]
+    # KL(p || softmax(z)) = sum p log p + logsumexp(z) - p.z: the teacher's terms once per batch,
+    # two passes over each step's logits (log_softmax, then p * (log p - log q) took five).
+    teacher_p = teacher_logp.exp()
+    teacher_neg_entropy = (teacher_p * teacher_logp).sum(-1)
+    teacher_best = teacher_logp.argmax(-1) if accuracy else None
+    for step, outputs in enumerate(draft_outputs):
+        shift = min(1 + step, length)  # samples shorter than the chain: nothing counts
+        # Slots t < T - shift, aligned with position t + shift: slices instead of shifted
+        # copies of the [B, T, Dv] teacher.
+        valid = loss_mask[:, shift:] & argmax_in_draft[:, shift:]
+        next_is_assistant = torch.zeros_like(valid)
+        next_is_assistant[:, :-1] = loss_mask[:, shift + 1 :]
+        valid &= next_is_assistant
+        rows = outputs[:, : length - shift][valid]
+        logits = to_logits(pad_rows(rows)).float()[: rows.shape[0]]
+        cross = (teacher_p[:, shift:][valid] * logits).sum(-1)
+        kl = teacher_neg_entropy[:, shift:][valid] + torch.logsumexp(logits, -1) - cross
+        kl_sums.append(kl.sum())
+        counts.append(valid.sum())
+        if teacher_best is None:
+            correct.append(torch.zeros((), dtype=torch.int64, device=valid.device))
+        else:
+            correct.append((logits.argmax(-1) == teacher_best[:, shift:][valid]).sum())
+    return kl_sums, counts, correct
+
+
+def pad_rows(rows: torch.Tensor, multiple: int = 128) -> torch.Tensor:
+    """Zero rows up to a multiple of `multiple`. On CPUs oneDNN compiles a kernel per matmul shape
+    and caches 1,024 of them: a new row count at every chain step of every batch evicted the
+    whole cache, and steps slowed as the run went on."""
+    extra = -rows.shape[0] % multiple
+    return torch.nn.functional.pad(rows, (0, 0, 0, extra)) if extra else rows
