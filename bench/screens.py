@@ -32,7 +32,7 @@ import eagleflow.train as train_module
 from eagleflow.serving_check import serving_acceptance
 from eagleflow.target_config import target_text_config
 from eagleflow.train import TrainSettings
-from eagleflow.ttt_loss import pad_rows
+from eagleflow.ttt_loss import chain_step_slots, slot_kl
 
 
 def head_lr(scale: float, s: TrainSettings) -> None:
@@ -89,36 +89,23 @@ def kv_heads(count: float, s: TrainSettings) -> None:
 
 
 def weighted_ttt_terms(weight_of: Callable) -> Callable:
-    """A copy of eagleflow.ttt_loss.ttt_terms in which each slot's KL is multiplied by
-    weight_of(q_best, p_best) (the drafter's and the teacher's probability of the teacher's
-    argmax; detached), divided by its mean over the chain step's slots."""
+    """eagleflow.ttt_loss.ttt_terms with each slot's KL multiplied by weight_of(q_best, p_best)
+    (the drafter's and the teacher's probability of the teacher's argmax; detached), divided by
+    its mean over the chain step's slots."""
 
     def ttt_terms(
         draft_outputs, to_logits, teacher_logp, argmax_in_draft, loss_mask, accuracy=True
     ):
         kl_sums, counts, correct = [], [], []
-        length = loss_mask.shape[1]
         teacher_p = teacher_logp.exp()
         teacher_neg_entropy = (teacher_p * teacher_logp).sum(-1)
-        teacher_best = teacher_logp.argmax(-1)
-        teacher_best_p = teacher_p.amax(-1)
+        teacher_best, teacher_best_p = teacher_logp.argmax(-1), teacher_p.amax(-1)
         for step, outputs in enumerate(draft_outputs):
-            shift = min(1 + step, length)
-            valid = loss_mask[:, shift:] & argmax_in_draft[:, shift:]
-            next_is_assistant = torch.zeros_like(valid)
-            next_is_assistant[:, :-1] = loss_mask[:, shift + 1 :]
-            valid &= next_is_assistant
-            rows = outputs[:, : length - shift][valid]
-            logits = to_logits(pad_rows(rows)).float()[: rows.shape[0]]
-            lse = torch.logsumexp(logits, -1)
-            kl = (
-                teacher_neg_entropy[:, shift:][valid]
-                + lse
-                - (teacher_p[:, shift:][valid] * logits).sum(-1)
-            )
+            shift, valid = chain_step_slots(loss_mask, argmax_in_draft, step)
+            logits, kl = slot_kl(outputs, to_logits, teacher_p, teacher_neg_entropy, shift, valid)
             best = teacher_best[:, shift:][valid]
-            q_best = (logits.gather(-1, best[:, None]).squeeze(-1) - lse).exp().detach()
-            weight = weight_of(q_best, teacher_best_p[:, shift:][valid])
+            q_best = logits.gather(-1, best[:, None]).squeeze(-1) - torch.logsumexp(logits, -1)
+            weight = weight_of(q_best.exp().detach(), teacher_best_p[:, shift:][valid])
             kl_sums.append((kl * weight / weight.mean().clamp(min=1e-6)).sum())
             counts.append(valid.sum())
             correct.append((logits.argmax(-1) == best).sum())

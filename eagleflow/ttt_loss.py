@@ -25,24 +25,12 @@ def ttt_terms(
     slots only.
     """
     kl_sums, counts, correct = [], [], []
-    length = loss_mask.shape[1]
-    # KL(p || softmax(z)) = sum p log p + logsumexp(z) - p.z: the teacher's terms once per batch,
-    # two passes over each step's logits (log_softmax, then p * (log p - log q) took five).
     teacher_p = teacher_logp.exp()
     teacher_neg_entropy = (teacher_p * teacher_logp).sum(-1)
     teacher_best = teacher_logp.argmax(-1) if accuracy else None
     for step, outputs in enumerate(draft_outputs):
-        shift = min(1 + step, length)  # samples shorter than the chain: nothing counts
-        # Slots t < T - shift, aligned with position t + shift: slices instead of shifted
-        # copies of the [B, T, Dv] teacher.
-        valid = loss_mask[:, shift:] & argmax_in_draft[:, shift:]
-        next_is_assistant = torch.zeros_like(valid)
-        next_is_assistant[:, :-1] = loss_mask[:, shift + 1 :]
-        valid &= next_is_assistant
-        rows = outputs[:, : length - shift][valid]
-        logits = to_logits(pad_rows(rows)).float()[: rows.shape[0]]
-        cross = (teacher_p[:, shift:][valid] * logits).sum(-1)
-        kl = teacher_neg_entropy[:, shift:][valid] + torch.logsumexp(logits, -1) - cross
+        shift, valid = chain_step_slots(loss_mask, argmax_in_draft, step)
+        logits, kl = slot_kl(outputs, to_logits, teacher_p, teacher_neg_entropy, shift, valid)
         kl_sums.append(kl.sum())
         counts.append(valid.sum())
         if teacher_best is None:
@@ -50,6 +38,36 @@ def ttt_terms(
         else:
             correct.append((logits.argmax(-1) == teacher_best[:, shift:][valid]).sum())
     return kl_sums, counts, correct
+
+
+def chain_step_slots(
+    loss_mask: torch.Tensor, argmax_in_draft: torch.Tensor, step: int
+) -> tuple[int, torch.Tensor]:
+    """Chain step `step`'s shift and its [B, T - shift] mask of the slots that count (see
+    ttt_terms): slot t lines up with position t + shift, so the teacher is sliced, not copied."""
+    shift = min(1 + step, loss_mask.shape[1])  # samples shorter than the chain: nothing counts
+    valid = loss_mask[:, shift:] & argmax_in_draft[:, shift:]
+    next_is_assistant = torch.zeros_like(valid)
+    next_is_assistant[:, :-1] = loss_mask[:, shift + 1 :]
+    return shift, valid & next_is_assistant
+
+
+def slot_kl(
+    outputs: torch.Tensor,
+    to_logits: Callable[[torch.Tensor], torch.Tensor],
+    teacher_p: torch.Tensor,
+    teacher_neg_entropy: torch.Tensor,
+    shift: int,
+    valid: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The drafter's float32 logits at the valid slots of one chain step, and each slot's
+    KL(p || softmax(z)) = sum p log p + logsumexp(z) - p.z (the teacher's terms computed once
+    per batch: two passes over the logits, where log_softmax, then p * (log p - log q) took
+    five)."""
+    rows = outputs[:, : valid.shape[1]][valid]
+    logits = to_logits(pad_rows(rows)).float()[: rows.shape[0]]
+    cross = (teacher_p[:, shift:][valid] * logits).sum(-1)
+    return logits, teacher_neg_entropy[:, shift:][valid] + torch.logsumexp(logits, -1) - cross
 
 
 def pad_rows(rows: torch.Tensor, multiple: int = 128) -> torch.Tensor:
