@@ -166,6 +166,17 @@ def float32_teacher(_: float, s: TrainSettings) -> None:
     train_module.load_target_head = load_target_head
 
 
+def data_seed(seed: float, s: TrainSettings) -> None:
+    """The data order of train seed `seed`, the initialization of --seed: whether a seed's
+    result follows its initialization or its data order."""
+    plain = train_module.TrainBatches
+
+    def batches(*args, **kwargs):
+        return plain(*args, **{**kwargs, "seed": int(seed)})
+
+    train_module.TrainBatches = batches
+
+
 VARIANTS: dict[str, Callable] = {
     f.__name__: f
     for f in (
@@ -177,6 +188,7 @@ VARIANTS: dict[str, Callable] = {
         layer_n_aux,
         float32_teacher,
         confidence,
+        data_seed,
     )
 }
 
