@@ -78,6 +78,7 @@ BENCHES = [
     Bench("generation", model_args),
     Bench("acceptance", results_args),
     Bench("draft_sampling", results_args, by_default=False),
+    Bench("sampling_limits", results_args, by_default=False),
     Bench("dag_scale", dag_args),
     Bench("one_pass", reference_args, by_default=False),
     Bench("codecs", model_args),

@@ -34,10 +34,13 @@ from eagleflow.target_config import target_tokenizer
 
 @dataclass(frozen=True)
 class Sampling:
+    """A request's sampling by vLLM's names (top_k 0: no top-k limit)."""
+
     temperature: float
     top_p: float
     max_new_tokens: int
     seed: int
+    top_k: int = 0
 
 
 @dataclass(frozen=True)
@@ -84,6 +87,7 @@ def vllm_sampling_params(sampling: Sampling, seed: int, **extra_args: Any) -> An
     return SamplingParams(
         temperature=sampling.temperature,
         top_p=sampling.top_p,
+        top_k=sampling.top_k,
         max_tokens=sampling.max_new_tokens,
         seed=seed,
         detokenize=False,
@@ -142,6 +146,8 @@ def generate_hf(
                 do_sample=sampling.temperature > 0,
                 temperature=sampling.temperature if sampling.temperature > 0 else None,
                 top_p=sampling.top_p if sampling.temperature > 0 else None,
+                # explicit: transformers fills in top_k 50 where the model sets none
+                top_k=sampling.top_k if sampling.temperature > 0 else None,
                 pad_token_id=pad,
             )
             produced = 0
@@ -164,6 +170,7 @@ def completion_payload(
         "max_tokens": sampling.max_new_tokens,
         "temperature": sampling.temperature,
         "top_p": sampling.top_p,
+        "top_k": sampling.top_k,
         "seed": seed,
         "return_token_ids": True,
         "skip_special_tokens": False,

@@ -10,6 +10,10 @@ by the speculative config's `draft_sample_method`:
   vocab (`compute_probs_and_sample_next_token`) and keeps q_T; d is accepted with probability
   min(1, p_T(d) / q_T(d)), on rejection the token is drawn from max(p_T - q_T, 0) normalized,
   so a step is accepted with probability sum_x min(p_T(x), q_T(x)).
+A request's `top_k` and `top_p` (vLLM's names) truncate the target's p_T before any of this
+(`apply_sampling_constraints`: temperature, then vLLM's top-k and top-p mask, reproduced by
+`truncate_logits`); the drafter's q_T is only tempered (`compute_probs_and_sample_next_token`
+ignores them), so truncation changes how often drafts are accepted, not the rule.
 Either way the output stays distributed as the target's own. Offline, with the target's logits
 recomputed from the stored last-layer states, the chain is walked as vLLM walks it, each step
 accepted with that probability (seeded draws, averaged over walks); at T = 0 both are the
@@ -46,6 +50,23 @@ POSITIONS_PER_CHUNK = 256
 DRAFT_SAMPLE_METHODS = ("greedy", "probabilistic")
 
 
+def truncate_logits(logits: torch.Tensor, top_k: int = 0, top_p: float = 1.0) -> torch.Tensor:
+    """vLLM's top-k, then top-p mask of tempered logits [N, V] (`apply_top_k_top_p_pytorch`):
+    logits below the k-th largest, then those whose ascending cumulative probability stays
+    within 1 - top_p (never the largest), become -inf. top_k 0 and top_p 1 keep everything."""
+    if top_k <= 0 and top_p >= 1.0:
+        return logits
+    ascending, order = logits.sort(dim=-1)
+    if 0 < top_k < logits.shape[-1]:
+        kth = ascending[:, -top_k].unsqueeze(-1)
+        ascending = ascending.masked_fill(ascending < kth, -math.inf)
+    if top_p < 1.0:
+        below = ascending.softmax(dim=-1).cumsum(dim=-1) <= 1 - top_p
+        below[:, -1] = False
+        ascending = ascending.masked_fill(below, -math.inf)
+    return torch.empty_like(logits).scatter_(-1, order, ascending)
+
+
 def acceptance_probabilities(
     head: TargetHead,
     last: torch.Tensor,
@@ -53,22 +74,26 @@ def acceptance_probabilities(
     temperature: float,
     draft_logits: Callable[[int, torch.Tensor], torch.Tensor] | None = None,
     draft_ids: torch.Tensor | None = None,
+    *,
+    top_k: int = 0,
+    top_p: float = 1.0,
 ) -> torch.Tensor:
-    """accept[step, t]: the probability that vLLM sampling at `temperature` (> 0) accepts the
-    draft at slot t for token t + 2 + step, against the target's p_T at position t + 1 + step
-    (from the stored last-layer states `last` [L, H] through the target's final norm and
-    lm_head, `head`). Greedy drafting: p_T of `drafted[step, t]`. With `draft_logits` (step,
-    slots -> the drafter's logits there over its vocab [len(slots), Dv], whose target ids are
-    `draft_ids`; asked a chunk at a time, so that memory stays bounded), drafts sampled as
-    `draft_sample_method: probabilistic` does: sum_x min(p_T(x), q_T(x)). Zero where no target
-    position follows."""
+    """accept[step, t]: the probability that vLLM sampling at `temperature` (> 0, with `top_k`
+    and `top_p`) accepts the draft at slot t for token t + 2 + step, against the target's
+    truncated p_T at position t + 1 + step (from the stored last-layer states `last` [L, H]
+    through the target's final norm and lm_head, `head`). Greedy drafting: p_T of
+    `drafted[step, t]`. With `draft_logits` (step, slots -> the drafter's logits there over its
+    vocab [len(slots), Dv], whose target ids are `draft_ids`; asked a chunk at a time, so that
+    memory stays bounded), drafts sampled as `draft_sample_method: probabilistic` does:
+    sum_x min(p_T(x), q_T(x)). Zero where no target position follows."""
     steps, length = drafted.shape
     accept = torch.zeros(steps, length)
     normed = head.norm(last.float())
     lm_head = head.lm_head.float()
     for begin in range(1, length - 1, POSITIONS_PER_CHUNK):  # bounds memory for a big vocab
         end = min(begin + POSITIONS_PER_CHUNK, length - 1)
-        log_probs = torch.log_softmax(normed[begin:end] @ lm_head.T / temperature, dim=-1)
+        tempered = normed[begin:end] @ lm_head.T / temperature
+        log_probs = torch.log_softmax(truncate_logits(tempered, top_k, top_p), dim=-1)
         for step in range(steps):
             slots = torch.arange(max(begin - 1 - step, 0), end - 1 - step)
             if not len(slots):
@@ -81,6 +106,16 @@ def acceptance_probabilities(
                 draft_q = torch.softmax(draft_logits(step, slots).float() / temperature, dim=-1)
                 accept[step, slots] = torch.minimum(target_p, draft_q).sum(-1)
     return accept
+
+
+def sampling_words(temperature: float, top_k: int, top_p: float) -> str:
+    """`T=1, top_p 0.95, top_k 20`: a sampling setting in words (limits only where they apply)."""
+    words = [f"T={temperature:g}"]
+    if temperature > 0 and top_p < 1:
+        words.append(f"top_p {top_p:g}")
+    if temperature > 0 and top_k > 0:
+        words.append(f"top_k {top_k}")
+    return ", ".join(words)
 
 
 def walk_expected(
@@ -146,15 +181,17 @@ def served_without_drafter(
     max_tokens: int,
     max_model_len: int,
     options: Mapping[str, Any] | None = None,
+    top_k: int = 0,
+    top_p: float = 1.0,
 ) -> tuple[dict, dict[float, dict]]:
-    """The prompts served by the target alone at each temperature (same seeds), and for each
-    temperature in `sampled` (outputs served another way, with a drafter or a proposer) the
-    losslessness verdict of those outputs against the target's own."""
+    """The prompts served by the target alone at each temperature (same seeds, `top_k`,
+    `top_p`), and for each temperature in `sampled` (outputs served another way, with a
+    drafter or a proposer) the losslessness verdict of those outputs against the target's own."""
     from eagleflow.spec_decode import serve
 
     plain, scored = serve(
         target, prompts, max_tokens=max_tokens, max_model_len=max_model_len,
-        temperatures=temperatures, options=options, score=sampled,
+        temperatures=temperatures, options=options, score=sampled, top_k=top_k, top_p=top_p,
     )  # fmt: skip
     verdicts = {t: lossless_verdict(scored[t], plain[t].loglik or []) for t in sampled}
     return plain, verdicts
@@ -168,10 +205,13 @@ def engine_fault(
     max_tokens: int,
     max_model_len: int,
     options: Mapping[str, Any] | None = None,
+    top_k: int = 0,
+    top_p: float = 1.0,
 ) -> str:
     """Whether vLLM's sampled speculative decoding is broken here whatever the drafter: serve
-    the prompts at `temperature` with vLLM's n-gram proposer (no drafter) and compare with the
-    target alone, as the serving check compares the drafter. The finding, in words."""
+    the prompts at `temperature` (`top_k`, `top_p`) with vLLM's n-gram proposer (no drafter)
+    and compare with the target alone, as the serving check compares the drafter. The
+    finding, in words."""
     from eagleflow.spec_decode import serve
 
     # Matching one token drafts at nearly every step (a 3-token match drafted too rarely here
@@ -184,12 +224,13 @@ def engine_fault(
     }
     proposed, _ = serve(
         target, prompts, max_tokens=max_tokens, max_model_len=max_model_len,
-        temperatures=[temperature], options=options, speculative_config=ngram,
+        temperatures=[temperature], options=options, speculative_config=ngram, top_k=top_k,
+        top_p=top_p,
     )  # fmt: skip
     _, verdicts = served_without_drafter(
         target, prompts, {temperature: proposed[temperature].outputs},
         temperatures=[temperature], max_tokens=max_tokens, max_model_len=max_model_len,
-        options=options,
+        options=options, top_k=top_k, top_p=top_p,
     )  # fmt: skip
     verdict = verdicts[temperature]
     figures = (

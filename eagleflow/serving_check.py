@@ -16,6 +16,7 @@ from eagleflow.sampled import (
     ACCEPTANCE_SIGMAS,
     acceptance_length_stderr,
     engine_fault,
+    sampling_words,
     served_without_drafter,
 )
 
@@ -35,9 +36,12 @@ def serving_acceptance(
     engine_options: Mapping[str, Any] | None = None,
     server_url: str | None = None,
     draft_sample_method: str = "greedy",
+    top_k: int = 0,
+    top_p: float = 1.0,
 ) -> dict:
     """Generation of the held-out prompts in vLLM with the drafter at each of `temperatures`
-    (prompt i seeded i) and, with `compare_plain`, without it: the speed-up, identical greedy
+    (prompt i seeded i; vLLM's `top_k` and `top_p` at T > 0) and, with `compare_plain`,
+    without it: the speed-up, identical greedy
     outputs, and at T > 0 whether the drafter left the output distribution as the target's
     (eagleflow/sampled.py); `engine_options`: the user's, for both engines;
     `draft_sample_method`: how the engine drafts when sampling (vLLM's). With `server_url`
@@ -53,7 +57,7 @@ def serving_acceptance(
         runs = [
             generate_with_drafter_server(
                 server_url, prompts, num_speculative_tokens=k, max_tokens=max_tokens,
-                temperature=t,
+                temperature=t, top_k=top_k, top_p=top_p,
             )
             for t in temperatures
         ]  # fmt: skip
@@ -64,6 +68,7 @@ def serving_acceptance(
             target, prompts, max_tokens=max_tokens, max_model_len=max_model_len,
             temperatures=temperatures, options=engine_options,
             speculative_config=eagle3_config(export_dir, k, draft_sample_method),
+            top_k=top_k, top_p=top_p,
         )  # fmt: skip
     by_temperature = {}
     for t, run in spec.items():
@@ -73,6 +78,7 @@ def serving_acceptance(
             "prompts": len(prompts),
             "k": k,
             "temperature": t,
+            **({"top_k": top_k, "top_p": top_p} if t > 0 else {}),
             "drafts": acceptance.drafts,
             "draft_tokens": acceptance.draft_tokens,
             "accepted": acceptance.accepted_tokens,
@@ -84,7 +90,7 @@ def serving_acceptance(
         plain, verdicts = served_without_drafter(
             target, prompts, {t: run.outputs for t, run in spec.items() if t > 0},
             temperatures=temperatures, max_tokens=max_tokens, max_model_len=max_model_len,
-            options=engine_options,
+            options=engine_options, top_k=top_k, top_p=top_p,
         )  # fmt: skip
         for t, run in plain.items():
             record = by_temperature[str(t)]
@@ -135,16 +141,21 @@ def serving_check(
     server_url: str | None = None,
     other_ks: Sequence[int] = (),
     draft_sample_method: str = "greedy",
+    top_k: int = 0,
+    top_p: float = 1.0,
+    data_top_k: int = 0,
+    data_top_p: float = 1.0,
 ) -> dict:
-    """Measure served acceptance at each of `temperatures` (in vLLM engines built here, or on
+    """Measure served acceptance at each of `temperatures` (at T > 0 with vLLM's `top_k` and
+    `top_p`) (in vLLM engines built here, or on
     the vLLM server at `server_url`); write the report only when the drafter passes.
 
     It fails when served mean acceptance length at some temperature is below that
     temperature's offline (answer-only) estimate by more than `tolerance` (relative), when the
-    estimate is comparable: the data were generated at that temperature (`data_temperature`,
-    the config's generation.temperature; the walk follows the data's contexts, and a drafter
-    served at another temperature meets contexts it was not trained on, so the estimate there
-    only informs: a shortfall is a warning in the report and the log). It also fails when the
+    estimate is comparable: the data were sampled as served (`data_temperature`, `data_top_k`,
+    `data_top_p`: the config's generation section; the walk follows the data's contexts, and a
+    drafter served otherwise meets contexts it was not trained on, so the estimate there only
+    informs: a shortfall is a warning in the report and the log). It also fails when the
     outputs sampled with the drafter are not distributed as the target's own (an engine fault:
     a drafter cannot change them in a correct engine), or when a diagnostic finds a known
     fault in the export; the findings go into the error and into `<out>.rejected.json`.
@@ -169,6 +180,12 @@ def serving_check(
             f"evaluate.draft_sample_method: {draft_sample_method!r}, but the offline estimate "
             f"assumed {estimated!r}; rerun evaluate_offline"
         )
+    assumed = (offline.get("top_k", 0), offline.get("top_p", 1.0))
+    if assumed != (top_k, top_p):
+        raise InputError(
+            f"evaluate.top_k / top_p: {top_k} / {top_p:g}, but the offline estimate assumed "
+            f"{assumed[0]} / {assumed[1]:g}; rerun evaluate_offline"
+        )
     missing = [t for t in temperatures if str(float(t)) not in offline.get("by_temperature", {})]
     if missing:
         raise InputError(
@@ -187,7 +204,7 @@ def serving_check(
             max_tokens=max_tokens, max_model_len=max_model_len, max_prompts=max_prompts,
             temperatures=temperatures, compare_plain=compare_plain,
             engine_options=engine_options, server_url=server_url,
-            draft_sample_method=draft_sample_method,
+            draft_sample_method=draft_sample_method, top_k=top_k, top_p=top_p,
         )  # fmt: skip
     except InputError:  # the server serves no drafter, or another K: the user's to fix
         raise
@@ -197,24 +214,27 @@ def serving_check(
     for t in temperatures:
         estimate = offline["by_temperature"][str(t)]["by_k"][str(k)]
         record = served.get("by_temperature", {}).get(str(t), served)
-        gated = t == data_temperature or "error" in served
+        as_sampled = t == 0 or (top_k, top_p) == (data_top_k, data_top_p)
+        gated = (t == data_temperature and as_sampled) or "error" in served
         comparison, shortfall = gate_against_offline(record, estimate, tolerance, t, k)
         by_temperature[str(t)] = {**comparison, "gated": gated}
         if shortfall and gated:
             failures.append(shortfall)
         elif shortfall:
+            data = sampling_words(data_temperature, data_top_k, data_top_p)
+            served_as = sampling_words(t, top_k, top_p)
             warnings.append(
-                f"{shortfall}, not gated: the data were generated at "
-                f"T={data_temperature:g} (generation.temperature) and the estimate walks "
-                "their contexts; served sampled, the drafter meets contexts it was not "
-                f"trained on. Generate at T={t:g} to train for it and to gate it"
+                f"{shortfall}, not gated: the data were generated at {data} (generation) "
+                "and the estimate walks their contexts; served otherwise, the drafter meets "
+                f"contexts it was not trained on. Generate at {served_as} to train for it "
+                "and to gate it"
             )
         lossless = record.get("lossless") or {}
         if lossless.get("lossless") is False:
             prompts = heldout_prompts(shard_paths, heldout_fraction, max_prompts)
             finding = engine_fault(
                 target, prompts, t, max_tokens=max_tokens, max_model_len=max_model_len,
-                options=engine_options,
+                options=engine_options, top_k=top_k, top_p=top_p,
             )  # fmt: skip
             failures.append(
                 f"T={t:g}: outputs sampled with the drafter are not the target's own (target "
@@ -228,10 +248,14 @@ def serving_check(
         warnings.append(
             f"evaluate.other_served_ks {list(other_ks)}: not served (a server serves one K)"
         )
-    elif other_ks and str(float(data_temperature)) not in offline["by_temperature"]:
+    elif other_ks and (
+        str(float(data_temperature)) not in offline["by_temperature"]
+        or (data_temperature > 0 and (top_k, top_p) != (data_top_k, data_top_p))
+    ):
         warnings.append(
             f"evaluate.other_served_ks {list(other_ks)}: not served (they are gated at the "
-            f"data's temperature, {data_temperature:g}, which evaluate.temperatures leaves out)"
+            f"data's sampling, {sampling_words(data_temperature, data_top_k, data_top_p)}, "
+            "which evaluate.temperatures, top_k and top_p leave out)"
         )
     elif "error" not in served:
         by_k, shortfalls = served_at_other_ks(
@@ -239,6 +263,7 @@ def serving_check(
             shard_paths=shard_paths, target=target, heldout_fraction=heldout_fraction,
             max_tokens=max_tokens, max_model_len=max_model_len, max_prompts=max_prompts,
             engine_options=engine_options, draft_sample_method=draft_sample_method,
+            top_k=top_k, top_p=top_p,
         )  # fmt: skip
         failures += shortfalls
     first = by_temperature[str(temperatures[0])]
@@ -248,7 +273,11 @@ def serving_check(
         "by_k": by_k,
         "tolerance": tolerance,
         "data_temperature": data_temperature,
+        "data_top_k": data_top_k,
+        "data_top_p": data_top_p,
         "draft_sample_method": draft_sample_method,
+        "top_k": top_k,
+        "top_p": top_p,
         "warnings": warnings,
         "diagnostics": problems,
     }

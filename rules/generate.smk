@@ -21,6 +21,7 @@ rule generate:
         gpu=engine_gpus("generation"),
     params:
         **engine_params("generation"),
+        **sampling_limits("generation", ["top_k"]),
         backend=config["generation"]["backend"],
         temperature=config["generation"]["temperature"],
         top_p=config["generation"]["top_p"],

@@ -14,6 +14,8 @@ with log_job_errors(log):
         ks=snakemake.params.ks,
         temperatures=snakemake.params.temperatures,
         draft_sample_method=snakemake.params.draft_sample_method,
+        top_k=snakemake.params.get("top_k", 0),
+        top_p=snakemake.params.get("top_p", 1.0),
         max_samples=snakemake.params.max_samples,
     )
 log.info("%s", report)

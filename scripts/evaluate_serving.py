@@ -22,7 +22,12 @@ if __name__ == "__main__":  # vLLM spawns worker processes that re-import this m
             other_ks=params.other_ks,
             temperatures=params.temperatures,
             draft_sample_method=params.draft_sample_method,
+            top_k=params.get("top_k", 0),
+            top_p=params.get("top_p", 1.0),
             data_temperature=params.data_temperature,
+            # not params: a change to them reruns generation, and so this job, anyway
+            data_top_k=snakemake.config["generation"]["top_k"],
+            data_top_p=snakemake.config["generation"]["top_p"],
             tolerance=params.tolerance,
             max_prompts=params.max_prompts,
             # [speed]: read from the config, not params, so changing them reruns nothing

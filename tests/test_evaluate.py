@@ -159,6 +159,59 @@ def test_probabilistic_drafting_is_served_modelled_and_lossless(demo_copy: Path)
     assert abs(gap) > 3 * sampled["served_stderr"]
 
 
+def test_serving_check_samples_with_the_users_top_k_and_top_p(demo_copy: Path) -> None:
+    """Served as Qwen3's thinking mode is (T=0.6, top_p 0.95, top_k 20, vLLM's names): only the
+    evaluation reruns, the check sends the limits with every request, with and without the
+    drafter, the offline estimate truncates the target's distribution as vLLM's rejection
+    sampler does, and served agrees with it and stays lossless. That the limits reach vLLM's
+    speculative sampling: at T=1 with top_k 1 the target can only sample its argmax, so the
+    drafter's outputs and acceptance are the greedy ones, token for token."""
+    from eagleflow.evaluate import heldout_prompts
+    from eagleflow.spec_decode import eagle3_config, serve
+
+    config = yaml.safe_load((demo_copy / "config.yaml").read_text())
+    config["evaluate"] = {
+        **config.get("evaluate", {}),
+        "temperatures": [0.6],
+        "top_p": 0.95,
+        "top_k": 20,
+        "other_served_ks": [],
+    }
+    (demo_copy / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
+    dry_run = run_snakemake(demo_copy, "-n", "results/eval/serving.json").stdout
+    assert scheduled_outputs(dry_run, "results/") == [
+        "results/eval/offline.json", "results/eval/serving.json"
+    ]  # fmt: skip
+    run_snakemake(demo_copy, "results/eval/serving.json")
+    offline = json.loads((demo_copy / "results/eval/offline.json").read_text())
+    report = json.loads((demo_copy / "results/eval/serving.json").read_text())
+    assert (offline["top_k"], offline["top_p"]) == (report["top_k"], report["top_p"]) == (20, 0.95)
+    sampled = report["by_temperature"]["0.6"]
+    served, estimate = sampled["served"], sampled["offline"]
+    print(
+        f"T=0.6, top_p 0.95, top_k 20, K=3: served {served['mean_acceptance_length']:.3f}, "
+        f"offline {estimate['mean_acceptance_length']:.3f} ({sampled['relative_gap']:+.2%}); "
+        f"log-likelihood {served['lossless']['loglik_with_drafter']:.3f} with, "
+        f"{served['lossless']['loglik_without_drafter']:.3f} without the drafter"
+    )
+    assert (served["top_k"], served["top_p"]) == (20, 0.95)
+    assert served["lossless"]["lossless"] is True
+    margin = report["tolerance"] + 3 * sampled["served_stderr"] / estimate["mean_acceptance_length"]
+    assert abs(sampled["relative_gap"]) <= margin
+
+    shards = sorted((demo_copy / "results/hidden").glob("shard-*.zarr"))
+    prompts = heldout_prompts(shards, 0.05, 8)
+    # float32: a bf16 engine's logits tie often enough for top_k 1 to keep two tokens
+    runs, _ = serve(
+        demo_copy / "results/demo/target", prompts, max_tokens=32, max_model_len=1024,
+        temperatures=[0.0, 1.0], top_k=1, options={"dtype": "float32"},
+        speculative_config=eagle3_config(demo_copy / "results/drafter/vllm", 3),
+    )  # fmt: skip
+    greedy, top_1 = runs[0.0], runs[1.0]
+    assert top_1.outputs == greedy.outputs
+    assert top_1.acceptance.accepted_tokens == greedy.acceptance.accepted_tokens > 0
+
+
 def test_draft_sample_method_is_checked_against_the_estimate(tmp_path: Path) -> None:
     from eagleflow.evaluate import offline_acceptance
     from eagleflow.logs import InputError
@@ -174,6 +227,14 @@ def test_draft_sample_method_is_checked_against_the_estimate(tmp_path: Path) -> 
             target=tmp_path, heldout_fraction=0.05, k=3, tolerance=0.03, max_prompts=1,
             max_tokens=1, max_model_len=64, temperatures=[1.0],
             draft_sample_method="probabilistic",
+        )  # fmt: skip
+    # An estimate made without the limits the check would serve with (an offline.json kept
+    # from before evaluate.top_p was set) is refused, not compared.
+    with pytest.raises(InputError, match=r"0 / 0\.95, but the offline estimate assumed 0 / 1;"):
+        serving_check(
+            tmp_path / "serving.json", offline=offline, export_dir=tmp_path, shard_paths=[],
+            target=tmp_path, heldout_fraction=0.05, k=3, tolerance=0.03, max_prompts=1,
+            max_tokens=1, max_model_len=64, temperatures=[1.0], top_p=0.95,
         )  # fmt: skip
     assert not (tmp_path / "serving.json").exists()
 
@@ -207,7 +268,7 @@ def test_broken_sampling_engine_is_named_an_engine_fault(
     assert "ENGINE FAULT, not the drafter's" in failure
     assert not (demo_copy / "results/eval/serving.json").exists()
     rejected = json.loads((demo_copy / "results/eval/serving.rejected.json").read_text())
-    assert any("[5]: not served (they are gated at the data's temperature, 0" in warning
+    assert any("[5]: not served (they are gated at the data's sampling, T=0," in warning
                for warning in rejected["warnings"]), rejected["warnings"]  # fmt: skip
 
 

