@@ -35,15 +35,19 @@ def table_rows(f: dict) -> list[Row]:
         gain = by["probabilistic"]["served"] / by["greedy"]["served"]
         rows.append(Row(f"probabilistic / greedy drafts, served, K={k}, T={t:g}", f"{gain:.3f}"))
     for m in METHODS:
-        lossless = f["lossless"][m]
-        rows.append(Row(
-            f"target log-likelihood with / without the drafter, T={t:g}, {m} drafts, "
-            f"K={f['ks'][0]}",
-            f"{lossless['loglik_with_drafter']:.3f} / {lossless['loglik_without_drafter']:.3f} "
-            f"nats/token (standard error {lossless['stderr']:.3f})",
-            "within 4 standard errors", bool(lossless["lossless"]), f"lossless.{m}",
-        ))  # fmt: skip
+        rows.append(lossless_row(f"T={t:g}, {m} drafts, K={f['ks'][0]}", f["lossless"][m],
+                                 f"lossless.{m}"))  # fmt: skip
     return rows
+
+
+def lossless_row(served_as: str, lossless: dict, key: str) -> Row:
+    """The losslessness verdict (eagleflow.sampled.lossless_verdict) of outputs `served_as`."""
+    return Row(
+        f"target log-likelihood with / without the drafter, {served_as}",
+        f"{lossless['loglik_with_drafter']:.3f} / {lossless['loglik_without_drafter']:.3f} "
+        f"nats/token (standard error {lossless['stderr']:.3f})",
+        "within 4 standard errors", bool(lossless["lossless"]), key,
+    )  # fmt: skip
 
 
 def main() -> None:

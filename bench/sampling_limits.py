@@ -16,6 +16,7 @@ import argparse
 import glob
 from pathlib import Path
 
+from draft_sampling import lossless_row
 from rows import Row, finish, output_arguments
 
 SETTINGS = ["1.0,0.95,0", "0.6,0.95,20"]
@@ -45,13 +46,7 @@ def table_rows(figures: list[dict]) -> list[Row]:
             f" {f['offline_untruncated']:.3f})",
             key=f"{words}.served",
         ))  # fmt: skip
-        lossless = f["lossless"]
-        rows.append(Row(
-            f"target log-likelihood with / without the drafter, K={k}, {words}",
-            f"{lossless['loglik_with_drafter']:.3f} / {lossless['loglik_without_drafter']:.3f} "
-            f"nats/token (standard error {lossless['stderr']:.3f})",
-            "within 4 standard errors", bool(lossless["lossless"]), f"{words}.lossless",
-        ))  # fmt: skip
+        rows.append(lossless_row(f"K={k}, {words}", f["lossless"], f"{words}.lossless"))
     return rows
 
 

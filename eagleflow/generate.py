@@ -42,6 +42,12 @@ class Sampling:
     seed: int
     top_k: int = 0
 
+    @classmethod
+    def from_params(cls, params: Any) -> Sampling:
+        """From a generation rule's params (top_k there only where it limits sampling)."""
+        return cls(params.temperature, params.top_p, params.max_new_tokens, params.seed,
+                   params.get("top_k", 0))  # fmt: skip
+
 
 @dataclass(frozen=True)
 class Completion:

@@ -147,8 +147,8 @@ def serving_check(
     data_top_p: float = 1.0,
 ) -> dict:
     """Measure served acceptance at each of `temperatures` (at T > 0 with vLLM's `top_k` and
-    `top_p`) (in vLLM engines built here, or on
-    the vLLM server at `server_url`); write the report only when the drafter passes.
+    `top_p`), in vLLM engines built here or on the vLLM server at `server_url`; write the
+    report only when the drafter passes.
 
     It fails when served mean acceptance length at some temperature is below that
     temperature's offline (answer-only) estimate by more than `tolerance` (relative), when the

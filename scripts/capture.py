@@ -12,13 +12,7 @@ if __name__ == "__main__":  # vLLM spawns worker processes that re-import this m
     log = setup_job_logging(snakemake.log[0])
     params, output = snakemake.params, snakemake.output
     generation = snakemake.config["generation"]
-    sampling = Sampling(
-        params.temperature,
-        params.top_p,
-        params.max_new_tokens,
-        params.seed,
-        params.get("top_k", 0),
-    )
+    sampling = Sampling.from_params(params)
     with log_job_errors(log):
         disk_preflight(snakemake.config, "results", log)
         summary = generate_and_capture_shard(

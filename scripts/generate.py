@@ -8,13 +8,7 @@ from eagleflow.server_client import server_urls, servers_for_shard
 if __name__ == "__main__":  # vLLM spawns worker processes that re-import this module
     log = setup_job_logging(snakemake.log[0])
     params, generation = snakemake.params, snakemake.config["generation"]
-    sampling = Sampling(
-        params.temperature,
-        params.top_p,
-        params.max_new_tokens,
-        params.seed,
-        params.get("top_k", 0),
-    )
+    sampling = Sampling.from_params(params)
     with log_job_errors(log):
         summary = generate_shard(
             snakemake.input.requests,

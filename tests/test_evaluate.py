@@ -117,6 +117,19 @@ def test_sampled_serving_is_lossless_and_agrees_with_its_offline_estimate(demo_r
     assert report["served"] == report["by_temperature"]["0.0"]["served"]
 
 
+def evaluate_anew(run: Path, **evaluate: object) -> None:
+    """Set `evaluate` keys in a finished run's config (no other K served) and run the serving
+    check again: only the evaluation reruns."""
+    config = yaml.safe_load((run / "config.yaml").read_text())
+    config["evaluate"] = {**config.get("evaluate", {}), "other_served_ks": [], **evaluate}
+    (run / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
+    dry_run = run_snakemake(run, "-n", "results/eval/serving.json").stdout
+    assert scheduled_outputs(dry_run, "results/") == [
+        "results/eval/offline.json", "results/eval/serving.json"
+    ]  # fmt: skip
+    run_snakemake(run, "results/eval/serving.json")
+
+
 def test_probabilistic_drafting_is_served_modelled_and_lossless(demo_copy: Path) -> None:
     """`evaluate.draft_sample_method: probabilistic` (vLLM's speculative-config option): the
     check serves with drafts sampled from the drafter, the offline estimate models vLLM's rule
@@ -124,19 +137,7 @@ def test_probabilistic_drafting_is_served_modelled_and_lossless(demo_copy: Path)
     agrees with it, and the sampled outputs stay the target's own."""
     greedy = json.loads((demo_copy / "results/eval/serving.json").read_text())
     greedy = greedy["by_temperature"]["1.0"]
-    config = yaml.safe_load((demo_copy / "config.yaml").read_text())
-    config["evaluate"] = {
-        **config.get("evaluate", {}),
-        "draft_sample_method": "probabilistic",
-        "temperatures": [1.0],
-        "other_served_ks": [],
-    }
-    (demo_copy / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
-    dry_run = run_snakemake(demo_copy, "-n", "results/eval/serving.json").stdout
-    assert scheduled_outputs(dry_run, "results/") == [
-        "results/eval/offline.json", "results/eval/serving.json"
-    ]  # fmt: skip
-    run_snakemake(demo_copy, "results/eval/serving.json")
+    evaluate_anew(demo_copy, draft_sample_method="probabilistic", temperatures=[1.0])
     offline = json.loads((demo_copy / "results/eval/offline.json").read_text())
     report = json.loads((demo_copy / "results/eval/serving.json").read_text())
     assert offline["draft_sample_method"] == report["draft_sample_method"] == "probabilistic"
@@ -169,20 +170,7 @@ def test_serving_check_samples_with_the_users_top_k_and_top_p(demo_copy: Path) -
     from eagleflow.evaluate import heldout_prompts
     from eagleflow.spec_decode import eagle3_config, serve
 
-    config = yaml.safe_load((demo_copy / "config.yaml").read_text())
-    config["evaluate"] = {
-        **config.get("evaluate", {}),
-        "temperatures": [0.6],
-        "top_p": 0.95,
-        "top_k": 20,
-        "other_served_ks": [],
-    }
-    (demo_copy / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
-    dry_run = run_snakemake(demo_copy, "-n", "results/eval/serving.json").stdout
-    assert scheduled_outputs(dry_run, "results/") == [
-        "results/eval/offline.json", "results/eval/serving.json"
-    ]  # fmt: skip
-    run_snakemake(demo_copy, "results/eval/serving.json")
+    evaluate_anew(demo_copy, temperatures=[0.6], top_p=0.95, top_k=20)
     offline = json.loads((demo_copy / "results/eval/offline.json").read_text())
     report = json.loads((demo_copy / "results/eval/serving.json").read_text())
     assert (offline["top_k"], offline["top_p"]) == (report["top_k"], report["top_p"]) == (20, 0.95)

@@ -113,8 +113,9 @@ def test_unreachable_server_is_one_clear_error(demo_run: Path, tmp_path: Path) -
     assert not list((tmp_path / "results/responses").glob("*.jsonl"))
 
 
-def test_changed_temperature_reruns_generation_only(demo_copy: Path) -> None:
-    write_config(demo_copy, {"generation": {"temperature": 0.7}})
+@pytest.mark.parametrize("sampling", [{"temperature": 0.7}, {"temperature": 0.6, "top_k": 20}])
+def test_changed_sampling_reruns_generation_only(demo_copy: Path, sampling: dict) -> None:
+    write_config(demo_copy, {"generation": sampling})
     dry = run_snakemake(demo_copy, "-n").stdout
     shards = json.loads((demo_copy / "results/plan/plan.json").read_text())["shards"]
     assert dry.count("rule generate:") == len(shards)
