@@ -31,10 +31,13 @@ vLLM sorts instead and an empty batch passes. The fix returns an empty batch as 
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from vllm.logger import init_logger
 
 log = init_logger(__name__)
+TopKMask = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # (logits, k) -> logits
 
 
 def expand_to_tokens(
@@ -90,7 +93,7 @@ def top_k_only_fails_when_empty() -> bool:
     return False
 
 
-def skip_empty_batches(apply_top_k_only):
+def skip_empty_batches(apply_top_k_only: TopKMask) -> TopKMask:
     """`apply_top_k_only` that hands a batch without rows back untouched."""
 
     def guarded(logits: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
