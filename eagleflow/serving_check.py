@@ -41,13 +41,12 @@ def serving_acceptance(
 ) -> dict:
     """Generation of the held-out prompts in vLLM with the drafter at each of `temperatures`
     (prompt i seeded i; vLLM's `top_k` and `top_p` at T > 0) and, with `compare_plain`,
-    without it: the speed-up, identical greedy
-    outputs, and at T > 0 whether the drafter left the output distribution as the target's
-    (eagleflow/sampled.py); `engine_options`: the user's, for both engines;
-    `draft_sample_method`: how the engine drafts when sampling (vLLM's). With `server_url`
-    (a vLLM server serving the target with the drafter) no engine is built here and nothing
-    is compared without the drafter. Returns the first temperature's figures at the top level,
-    every temperature's under `by_temperature`."""
+    without it: the speed-up, identical greedy outputs, and at T > 0 whether the drafter left
+    the output distribution as the target's (eagleflow/sampled.py); `engine_options`: the
+    user's, for both engines; `draft_sample_method`: how the engine drafts when sampling
+    (vLLM's). With `server_url` (a vLLM server serving the target with the drafter) no engine
+    is built here and nothing is compared without the drafter. Returns the first
+    temperature's figures at the top level, every temperature's under `by_temperature`."""
     from eagleflow.spec_decode import Served, eagle3_config, generate_with_drafter_server, serve
 
     temperatures = [float(t) for t in temperatures]
@@ -211,11 +210,11 @@ def serving_check(
     except Exception as err:  # a broken export can crash the engine: still name the cause
         served = {"error": f"{type(err).__name__}: {err}", "mean_acceptance_length": 0.0}
     failures, warnings, by_temperature = [], [], {}
+    limits_as_data = (top_k, top_p) == (data_top_k, data_top_p)  # they apply at T > 0 only
     for t in temperatures:
         estimate = offline["by_temperature"][str(t)]["by_k"][str(k)]
         record = served.get("by_temperature", {}).get(str(t), served)
-        as_sampled = t == 0 or (top_k, top_p) == (data_top_k, data_top_p)
-        gated = (t == data_temperature and as_sampled) or "error" in served
+        gated = (t == data_temperature and (t == 0 or limits_as_data)) or "error" in served
         comparison, shortfall = gate_against_offline(record, estimate, tolerance, t, k)
         by_temperature[str(t)] = {**comparison, "gated": gated}
         if shortfall and gated:
@@ -250,7 +249,7 @@ def serving_check(
         )
     elif other_ks and (
         str(float(data_temperature)) not in offline["by_temperature"]
-        or (data_temperature > 0 and (top_k, top_p) != (data_top_k, data_top_p))
+        or (data_temperature > 0 and not limits_as_data)
     ):
         warnings.append(
             f"evaluate.other_served_ks {list(other_ks)}: not served (they are gated at the "
