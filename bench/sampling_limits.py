@@ -35,11 +35,11 @@ def setting(text: str) -> tuple[float, float, int]:
 
 
 def table_rows(figures: list[dict]) -> list[Row]:
-    from eagleflow.sampled import sampling_words
+    from eagleflow.sampling import SamplingLimits
 
     rows = []
     for f in figures:
-        words, k = sampling_words(f["temperature"], f["top_k"], f["top_p"]), f["k"]
+        words, k = SamplingLimits.of(f).words(f["temperature"]), f["k"]
         rows.append(Row(
             f"served mean acceptance length, K={k}, {words} (offline with the limits; without)",
             f"{f['served']:.3f} ({f['offline']:.3f}, served {f['served'] / f['offline'] - 1:+.1%};"
@@ -63,6 +63,7 @@ def main() -> None:
     args = parser.parse_args()
 
     from eagleflow.evaluate import offline_acceptance
+    from eagleflow.sampling import SamplingLimits
     from eagleflow.serving_check import serving_acceptance
 
     shards = sorted(glob.glob(str(args.results / "hidden/shard-*.zarr")))
@@ -71,19 +72,19 @@ def main() -> None:
     common = dict(heldout_fraction=args.heldout_fraction)
     figures = []
     for t, top_p, top_k in args.setting:
+        limits = SamplingLimits(top_k, top_p)
         untruncated = offline_acceptance(
             export, shards, target, ks=[args.k], temperatures=[t], **common
         )["by_temperature"][str(t)]["by_k"][str(args.k)]
         truncated = offline_acceptance(
-            export, shards, target, ks=[args.k], temperatures=[t], top_k=top_k, top_p=top_p,
-            **common,
+            export, shards, target, ks=[args.k], temperatures=[t], limits=limits, **common
         )["by_temperature"][str(t)]["by_k"][str(args.k)]  # fmt: skip
         served = serving_acceptance(
             export, shards, target, k=args.k, max_tokens=args.max_tokens, max_model_len=1024,
-            max_prompts=args.prompts, temperatures=[t], top_k=top_k, top_p=top_p, **common,
+            max_prompts=args.prompts, temperatures=[t], limits=limits, **common,
         )  # fmt: skip
         figures.append({
-            "temperature": t, "top_p": top_p, "top_k": top_k, "k": args.k,
+            "temperature": t, **limits.as_dict(), "k": args.k,
             "served": served["mean_acceptance_length"],
             "offline": truncated["mean_acceptance_length"],
             "offline_untruncated": untruncated["mean_acceptance_length"],

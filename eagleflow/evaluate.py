@@ -32,6 +32,7 @@ from eagleflow.sampled import (
     acceptance_probabilities,
     walk_expected,
 )
+from eagleflow.sampling import UNLIMITED, SamplingLimits
 from eagleflow.shards import open_shard
 from eagleflow.vocab import draft_to_target_ids
 
@@ -75,11 +76,10 @@ def offline_acceptance(
     max_samples: int | None = None,
     temperatures: Sequence[float] = (0.0,),
     draft_sample_method: str = "greedy",
-    top_k: int = 0,
-    top_p: float = 1.0,
+    limits: SamplingLimits = UNLIMITED,
 ) -> dict:
     """Offline chain acceptance on the held-out split, for each K in `ks`: greedy (`by_k`)
-    and, in `by_temperature`, at each of `temperatures` (with vLLM's `top_k` and `top_p`) as
+    and, in `by_temperature`, at each of `temperatures` (with `limits`, vLLM's top_k and top_p) as
     vLLM accepts drafts when it samples them by `draft_sample_method` (see
     eagleflow/sampled.py)."""
     if draft_sample_method not in DRAFT_SAMPLE_METHODS:
@@ -122,7 +122,7 @@ def offline_acceptance(
                 head, sample["last"], drafted, temperature,
                 partial(_step_logits, model, outputs)
                 if draft_sample_method == "probabilistic" else None,
-                draft_ids, top_k=top_k, top_p=top_p,
+                draft_ids, limits=limits,
             )  # fmt: skip
             for k in ks:
                 for _ in range(WALKS):
@@ -134,16 +134,14 @@ def offline_acceptance(
     for temperature, walks in per_t.items():
         by_temperature[str(temperature)] = {
             "draft_sample_method": draft_sample_method,
-            "top_k": top_k,
-            "top_p": top_p,
+            **limits.as_dict(),
             "walks_per_response": WALKS,
             "by_k": {str(k): _summary(v["accepted"], v["past_end"], k) for k, v in walks.items()},
         }
     return {
         "samples": len(refs),
         "draft_sample_method": draft_sample_method,
-        "top_k": top_k,
-        "top_p": top_p,
+        **limits.as_dict(),
         "aux_layer_ids": config["aux_layer_ids"],
         "by_k": by_k,
         "by_temperature": by_temperature,

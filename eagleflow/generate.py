@@ -22,6 +22,7 @@ from eagleflow.files import read_jsonl, write_jsonl
 from eagleflow.hf_target import load_causal_lm
 from eagleflow.logs import InputError
 from eagleflow.progress import token_progress
+from eagleflow.sampling import SamplingLimits
 from eagleflow.server_client import (
     ServerClient,
     failures_named,
@@ -34,19 +35,20 @@ from eagleflow.target_config import target_tokenizer
 
 @dataclass(frozen=True)
 class Sampling:
-    """A request's sampling by vLLM's names (top_k 0: no top-k limit)."""
+    """A request's sampling by vLLM's names (top_k and top_p: see SamplingLimits)."""
 
     temperature: float
     top_p: float
     max_new_tokens: int
     seed: int
-    top_k: int = 0
+    top_k: int = SamplingLimits.top_k
 
     @classmethod
     def from_params(cls, params: Any) -> Sampling:
         """From a generation rule's params (top_k there only where it limits sampling)."""
-        return cls(params.temperature, params.top_p, params.max_new_tokens, params.seed,
-                   params.get("top_k", 0))  # fmt: skip
+        limits = SamplingLimits.of(params)
+        return cls(params.temperature, limits.top_p, params.max_new_tokens, params.seed,
+                   limits.top_k)  # fmt: skip
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,7 @@ import matplotlib
 matplotlib.use("Agg")  # files only, no display
 import matplotlib.pyplot as plt
 
-from eagleflow.sampled import sampling_words
+from eagleflow.sampling import SamplingLimits
 from eagleflow.shards import open_shard
 
 
@@ -56,7 +56,7 @@ def plot_acceptance(serving_json: str | Path, out: str | Path) -> None:
     for index, (t, record) in enumerate(by_temperature.items()):
         color = f"C{index}"
         estimate, served = record["offline"], record["served"]
-        sampling = sampling_words(float(t), served.get("top_k", 0), served.get("top_p", 1.0))
+        sampling = SamplingLimits.of(served).words(float(t))
         ax.plot(xs, estimate["per_position"], "o-", color=color, label=f"offline, {sampling}")
         ax.plot(xs, served["per_position"], "s--", color=color, label=f"served, {sampling}")
         means.append(

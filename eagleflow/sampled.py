@@ -38,6 +38,7 @@ from typing import Any
 import torch
 
 from eagleflow.drafter import TargetHead
+from eagleflow.sampling import UNLIMITED, SamplingLimits
 
 # 4 standard errors: a lossless engine fails it about once in 16,000 checks (normal tails).
 LOSSLESS_SIGMAS = 4.0
@@ -50,18 +51,18 @@ POSITIONS_PER_CHUNK = 256
 DRAFT_SAMPLE_METHODS = ("greedy", "probabilistic")
 
 
-def truncate_logits(logits: torch.Tensor, top_k: int = 0, top_p: float = 1.0) -> torch.Tensor:
+def truncate_logits(logits: torch.Tensor, limits: SamplingLimits) -> torch.Tensor:
     """vLLM's top-k, then top-p mask of tempered logits [N, V] (`apply_top_k_top_p_pytorch`):
     logits below the k-th largest, then those whose ascending cumulative probability stays
-    within 1 - top_p (never the largest), become -inf. top_k 0 and top_p 1 keep everything."""
-    if top_k <= 0 and top_p >= 1.0:
+    within 1 - top_p (never the largest), become -inf. Unlimited: the logits themselves."""
+    if not limits.limiting():
         return logits
     ascending, order = logits.sort(dim=-1)
-    if 0 < top_k < logits.shape[-1]:
-        kth = ascending[:, -top_k].unsqueeze(-1)
+    if 0 < limits.top_k < logits.shape[-1]:
+        kth = ascending[:, -limits.top_k].unsqueeze(-1)
         ascending = ascending.masked_fill(ascending < kth, -math.inf)
-    if top_p < 1.0:
-        below = ascending.softmax(dim=-1).cumsum(dim=-1) <= 1 - top_p
+    if limits.top_p < 1.0:
+        below = ascending.softmax(dim=-1).cumsum(dim=-1) <= 1 - limits.top_p
         below[:, -1] = False
         ascending = ascending.masked_fill(below, -math.inf)
     return torch.empty_like(logits).scatter_(-1, order, ascending)
@@ -75,11 +76,10 @@ def acceptance_probabilities(
     draft_logits: Callable[[int, torch.Tensor], torch.Tensor] | None = None,
     draft_ids: torch.Tensor | None = None,
     *,
-    top_k: int = 0,
-    top_p: float = 1.0,
+    limits: SamplingLimits = UNLIMITED,
 ) -> torch.Tensor:
-    """accept[step, t]: the probability that vLLM sampling at `temperature` (> 0, with `top_k`
-    and `top_p`) accepts the draft at slot t for token t + 2 + step, against the target's
+    """accept[step, t]: the probability that vLLM sampling at `temperature` (> 0, with
+    `limits`) accepts the draft at slot t for token t + 2 + step, against the target's
     truncated p_T at position t + 1 + step (from the stored last-layer states `last` [L, H]
     through the target's final norm and lm_head, `head`). Greedy drafting: p_T of
     `drafted[step, t]`. With `draft_logits` (step, slots -> the drafter's logits there over its
@@ -93,7 +93,7 @@ def acceptance_probabilities(
     for begin in range(1, length - 1, POSITIONS_PER_CHUNK):  # bounds memory for a big vocab
         end = min(begin + POSITIONS_PER_CHUNK, length - 1)
         tempered = normed[begin:end] @ lm_head.T / temperature
-        log_probs = torch.log_softmax(truncate_logits(tempered, top_k, top_p), dim=-1)
+        log_probs = torch.log_softmax(truncate_logits(tempered, limits), dim=-1)
         for step in range(steps):
             slots = torch.arange(max(begin - 1 - step, 0), end - 1 - step)
             if not len(slots):
@@ -106,16 +106,6 @@ def acceptance_probabilities(
                 draft_q = torch.softmax(draft_logits(step, slots).float() / temperature, dim=-1)
                 accept[step, slots] = torch.minimum(target_p, draft_q).sum(-1)
     return accept
-
-
-def sampling_words(temperature: float, top_k: int, top_p: float) -> str:
-    """`T=1, top_p 0.95, top_k 20`: a sampling setting in words (limits only where they apply)."""
-    words = [f"T={temperature:g}"]
-    if temperature > 0 and top_p < 1:
-        words.append(f"top_p {top_p:g}")
-    if temperature > 0 and top_k > 0:
-        words.append(f"top_k {top_k}")
-    return ", ".join(words)
 
 
 def walk_expected(
@@ -181,17 +171,16 @@ def served_without_drafter(
     max_tokens: int,
     max_model_len: int,
     options: Mapping[str, Any] | None = None,
-    top_k: int = 0,
-    top_p: float = 1.0,
+    limits: SamplingLimits = UNLIMITED,
 ) -> tuple[dict, dict[float, dict]]:
-    """The prompts served by the target alone at each temperature (same seeds, `top_k`,
-    `top_p`), and for each temperature in `sampled` (outputs served another way, with a
+    """The prompts served by the target alone at each temperature (same seeds and `limits`),
+    and for each temperature in `sampled` (outputs served another way, with a
     drafter or a proposer) the losslessness verdict of those outputs against the target's own."""
     from eagleflow.spec_decode import serve
 
     plain, scored = serve(
         target, prompts, max_tokens=max_tokens, max_model_len=max_model_len,
-        temperatures=temperatures, options=options, score=sampled, top_k=top_k, top_p=top_p,
+        temperatures=temperatures, options=options, score=sampled, limits=limits,
     )  # fmt: skip
     verdicts = {t: lossless_verdict(scored[t], plain[t].loglik or []) for t in sampled}
     return plain, verdicts
@@ -205,11 +194,10 @@ def engine_fault(
     max_tokens: int,
     max_model_len: int,
     options: Mapping[str, Any] | None = None,
-    top_k: int = 0,
-    top_p: float = 1.0,
+    limits: SamplingLimits = UNLIMITED,
 ) -> str:
     """Whether vLLM's sampled speculative decoding is broken here whatever the drafter: serve
-    the prompts at `temperature` (`top_k`, `top_p`) with vLLM's n-gram proposer (no drafter)
+    the prompts at `temperature` (with `limits`) with vLLM's n-gram proposer (no drafter)
     and compare with the target alone, as the serving check compares the drafter. The
     finding, in words."""
     from eagleflow.spec_decode import serve
@@ -224,13 +212,12 @@ def engine_fault(
     }
     proposed, _ = serve(
         target, prompts, max_tokens=max_tokens, max_model_len=max_model_len,
-        temperatures=[temperature], options=options, speculative_config=ngram, top_k=top_k,
-        top_p=top_p,
+        temperatures=[temperature], options=options, speculative_config=ngram, limits=limits,
     )  # fmt: skip
     _, verdicts = served_without_drafter(
         target, prompts, {temperature: proposed[temperature].outputs},
         temperatures=[temperature], max_tokens=max_tokens, max_model_len=max_model_len,
-        options=options, top_k=top_k, top_p=top_p,
+        options=options, limits=limits,
     )  # fmt: skip
     verdict = verdicts[temperature]
     figures = (

@@ -16,9 +16,9 @@ from eagleflow.sampled import (
     ACCEPTANCE_SIGMAS,
     acceptance_length_stderr,
     engine_fault,
-    sampling_words,
     served_without_drafter,
 )
+from eagleflow.sampling import UNLIMITED, SamplingLimits
 
 
 def serving_acceptance(
@@ -36,11 +36,10 @@ def serving_acceptance(
     engine_options: Mapping[str, Any] | None = None,
     server_url: str | None = None,
     draft_sample_method: str = "greedy",
-    top_k: int = 0,
-    top_p: float = 1.0,
+    limits: SamplingLimits = UNLIMITED,
 ) -> dict:
     """Generation of the held-out prompts in vLLM with the drafter at each of `temperatures`
-    (prompt i seeded i; vLLM's `top_k` and `top_p` at T > 0) and, with `compare_plain`,
+    (prompt i seeded i; `limits` at T > 0) and, with `compare_plain`,
     without it: the speed-up, identical greedy outputs, and at T > 0 whether the drafter left
     the output distribution as the target's (eagleflow/sampled.py); `engine_options`: the
     user's, for both engines; `draft_sample_method`: how the engine drafts when sampling
@@ -56,7 +55,7 @@ def serving_acceptance(
         runs = [
             generate_with_drafter_server(
                 server_url, prompts, num_speculative_tokens=k, max_tokens=max_tokens,
-                temperature=t, top_k=top_k, top_p=top_p,
+                temperature=t, limits=limits,
             )
             for t in temperatures
         ]  # fmt: skip
@@ -67,7 +66,7 @@ def serving_acceptance(
             target, prompts, max_tokens=max_tokens, max_model_len=max_model_len,
             temperatures=temperatures, options=engine_options,
             speculative_config=eagle3_config(export_dir, k, draft_sample_method),
-            top_k=top_k, top_p=top_p,
+            limits=limits,
         )  # fmt: skip
     by_temperature = {}
     for t, run in spec.items():
@@ -77,7 +76,7 @@ def serving_acceptance(
             "prompts": len(prompts),
             "k": k,
             "temperature": t,
-            **({"top_k": top_k, "top_p": top_p} if t > 0 else {}),
+            **(limits.as_dict() if t > 0 else {}),
             "drafts": acceptance.drafts,
             "draft_tokens": acceptance.draft_tokens,
             "accepted": acceptance.accepted_tokens,
@@ -89,7 +88,7 @@ def serving_acceptance(
         plain, verdicts = served_without_drafter(
             target, prompts, {t: run.outputs for t, run in spec.items() if t > 0},
             temperatures=temperatures, max_tokens=max_tokens, max_model_len=max_model_len,
-            options=engine_options, top_k=top_k, top_p=top_p,
+            options=engine_options, limits=limits,
         )  # fmt: skip
         for t, run in plain.items():
             record = by_temperature[str(t)]
@@ -140,19 +139,17 @@ def serving_check(
     server_url: str | None = None,
     other_ks: Sequence[int] = (),
     draft_sample_method: str = "greedy",
-    top_k: int = 0,
-    top_p: float = 1.0,
-    data_top_k: int = 0,
-    data_top_p: float = 1.0,
+    limits: SamplingLimits = UNLIMITED,
+    data_limits: SamplingLimits = UNLIMITED,
 ) -> dict:
-    """Measure served acceptance at each of `temperatures` (at T > 0 with vLLM's `top_k` and
-    `top_p`), in vLLM engines built here or on the vLLM server at `server_url`; write the
+    """Measure served acceptance at each of `temperatures` (at T > 0 with `limits`, vLLM's
+    top_k and top_p), in vLLM engines built here or on the vLLM server at `server_url`; write the
     report only when the drafter passes.
 
     It fails when served mean acceptance length at some temperature is below that
     temperature's offline (answer-only) estimate by more than `tolerance` (relative), when the
-    estimate is comparable: the data were sampled as served (`data_temperature`, `data_top_k`,
-    `data_top_p`: the config's generation section; the walk follows the data's contexts, and a
+    estimate is comparable: the data were sampled as served (`data_temperature`, `data_limits`:
+    the config's generation section; the walk follows the data's contexts, and a
     drafter served otherwise meets contexts it was not trained on, so the estimate there only
     informs: a shortfall is a warning in the report and the log). It also fails when the
     outputs sampled with the drafter are not distributed as the target's own (an engine fault:
@@ -179,11 +176,11 @@ def serving_check(
             f"evaluate.draft_sample_method: {draft_sample_method!r}, but the offline estimate "
             f"assumed {estimated!r}; rerun evaluate_offline"
         )
-    assumed = (offline.get("top_k", 0), offline.get("top_p", 1.0))
-    if assumed != (top_k, top_p):
+    assumed = SamplingLimits.of(offline)
+    if assumed != limits:
         raise InputError(
-            f"evaluate.top_k / top_p: {top_k} / {top_p:g}, but the offline estimate assumed "
-            f"{assumed[0]} / {assumed[1]:g}; rerun evaluate_offline"
+            f"evaluate.top_k / top_p: {limits.top_k} / {limits.top_p:g}, but the offline "
+            f"estimate assumed {assumed.top_k} / {assumed.top_p:g}; rerun evaluate_offline"
         )
     missing = [t for t in temperatures if str(float(t)) not in offline.get("by_temperature", {})]
     if missing:
@@ -203,14 +200,14 @@ def serving_check(
             max_tokens=max_tokens, max_model_len=max_model_len, max_prompts=max_prompts,
             temperatures=temperatures, compare_plain=compare_plain,
             engine_options=engine_options, server_url=server_url,
-            draft_sample_method=draft_sample_method, top_k=top_k, top_p=top_p,
+            draft_sample_method=draft_sample_method, limits=limits,
         )  # fmt: skip
     except InputError:  # the server serves no drafter, or another K: the user's to fix
         raise
     except Exception as err:  # a broken export can crash the engine: still name the cause
         served = {"error": f"{type(err).__name__}: {err}", "mean_acceptance_length": 0.0}
     failures, warnings, by_temperature = [], [], {}
-    limits_as_data = (top_k, top_p) == (data_top_k, data_top_p)  # they apply at T > 0 only
+    limits_as_data = limits == data_limits  # they apply at T > 0 only
     for t in temperatures:
         estimate = offline["by_temperature"][str(t)]["by_k"][str(k)]
         record = served.get("by_temperature", {}).get(str(t), served)
@@ -220,8 +217,8 @@ def serving_check(
         if shortfall and gated:
             failures.append(shortfall)
         elif shortfall:
-            data = sampling_words(data_temperature, data_top_k, data_top_p)
-            served_as = sampling_words(t, top_k, top_p)
+            data = data_limits.words(data_temperature)
+            served_as = limits.words(t)
             warnings.append(
                 f"{shortfall}, not gated: the data were generated at {data} (generation) "
                 "and the estimate walks their contexts; served otherwise, the drafter meets "
@@ -233,7 +230,7 @@ def serving_check(
             prompts = heldout_prompts(shard_paths, heldout_fraction, max_prompts)
             finding = engine_fault(
                 target, prompts, t, max_tokens=max_tokens, max_model_len=max_model_len,
-                options=engine_options, top_k=top_k, top_p=top_p,
+                options=engine_options, limits=limits,
             )  # fmt: skip
             failures.append(
                 f"T={t:g}: outputs sampled with the drafter are not the target's own (target "
@@ -253,7 +250,7 @@ def serving_check(
     ):
         warnings.append(
             f"evaluate.other_served_ks {list(other_ks)}: not served (they are gated at the "
-            f"data's sampling, {sampling_words(data_temperature, data_top_k, data_top_p)}, "
+            f"data's sampling, {data_limits.words(data_temperature)}, "
             "which evaluate.temperatures, top_k and top_p leave out)"
         )
     elif "error" not in served:
@@ -262,7 +259,7 @@ def serving_check(
             shard_paths=shard_paths, target=target, heldout_fraction=heldout_fraction,
             max_tokens=max_tokens, max_model_len=max_model_len, max_prompts=max_prompts,
             engine_options=engine_options, draft_sample_method=draft_sample_method,
-            top_k=top_k, top_p=top_p,
+            limits=limits,
         )  # fmt: skip
         failures += shortfalls
     first = by_temperature[str(temperatures[0])]
@@ -272,11 +269,9 @@ def serving_check(
         "by_k": by_k,
         "tolerance": tolerance,
         "data_temperature": data_temperature,
-        "data_top_k": data_top_k,
-        "data_top_p": data_top_p,
+        **{f"data_{key}": value for key, value in data_limits.as_dict().items()},
         "draft_sample_method": draft_sample_method,
-        "top_k": top_k,
-        "top_p": top_p,
+        **limits.as_dict(),
         "warnings": warnings,
         "diagnostics": problems,
     }

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from eagleflow.logs import InputError
+from eagleflow.sampling import UNLIMITED, SamplingLimits
 
 
 def cpu_serving_blocked(target: str | Path) -> str | None:
@@ -114,11 +115,10 @@ def serve(
     seed: int = 0,
     options: Mapping[str, Any] | None = None,
     score: Mapping[float, list[list[int]]] | None = None,
-    top_k: int = 0,
-    top_p: float = 1.0,
+    limits: SamplingLimits = UNLIMITED,
 ) -> tuple[dict[float, Served], dict[float, list[float]]]:
     """Generate the prompts in one engine at each temperature (prompt i seeded `seed + i`, so
-    two engines draw alike; at T > 0 with `top_k` and `top_p`, which vLLM ignores at T = 0);
+    two engines draw alike; at T > 0 with `limits`, which vLLM ignores at T = 0);
     `options`: the user's engine options. Without a drafter the engine also scores its own
     outputs at T > 0 and the outputs in `score` (another engine's, by temperature): their
     log-likelihoods are the second result."""
@@ -140,8 +140,8 @@ def serve(
     served, scored = {}, {}
     for temperature in temperatures:
         params = [
-            SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p,
-                           max_tokens=max_tokens, seed=seed + i, detokenize=False)
+            SamplingParams(temperature=temperature, **limits.as_dict(), max_tokens=max_tokens,
+                           seed=seed + i, detokenize=False)
             for i in range(len(prompts))
         ]  # fmt: skip
         before = spec_decode_counters(llm.get_metrics()) if speculative_config else None
@@ -243,11 +243,10 @@ def generate_with_drafter_server(
     num_speculative_tokens: int,
     max_tokens: int,
     temperature: float = 0.0,
-    top_k: int = 0,
-    top_p: float = 1.0,
+    limits: SamplingLimits = UNLIMITED,
     concurrency: int = 8,
 ) -> tuple[list[list[int]], Acceptance, float]:
-    """Generation at `temperature` (`top_k`, `top_p`; prompt i seeded i) on a running vLLM
+    """Generation at `temperature` (with `limits`; prompt i seeded i) on a running vLLM
     server that serves the target with the drafter: outputs, the acceptance its counters grew
     by, and seconds. The server must serve nothing else meanwhile (its counters are global).
     InputError when it drafts nothing or another K."""
@@ -257,7 +256,7 @@ def generate_with_drafter_server(
     start = time.perf_counter()
     completions = generate_server(
         url, prompt_token_ids, list(range(len(prompt_token_ids))),
-        Sampling(temperature, top_p, max_tokens, 0, top_k), concurrency=concurrency,
+        Sampling(temperature, limits.top_p, max_tokens, 0, limits.top_k), concurrency=concurrency,
     )  # fmt: skip
     seconds = time.perf_counter() - start
     served = server_counters(url) - before

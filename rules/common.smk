@@ -9,6 +9,7 @@ from snakemake.utils import min_version, validate
 from eagleflow.config import missing_paths, raise_if_invalid, schema_errors
 from eagleflow.engine import engine_options, engine_world_size, state_options
 from eagleflow.layers import resolve_aux_layer_ids
+from eagleflow.sampling import SamplingLimits
 from eagleflow.target_config import target_num_layers
 
 min_version("9.0")
@@ -40,19 +41,12 @@ def engine_gpus(stage):
     return engine_world_size(engine_options(config, stage))
 
 
-# vLLM's sampling values that limit nothing (top_k 0: all tokens; top_p 1: all the mass).
-UNLIMITED_SAMPLING = {"top_k": 0, "top_p": 1.0}
-
-
-def sampling_limits(stage, keys=tuple(UNLIMITED_SAMPLING)):
+def sampling_limits(stage, keys=("top_k", "top_p")):
     """`<stage>`'s top_k / top_p among `keys` that limit sampling, for a rule's params (a
     change reruns its jobs); the unlimited values are left out, so runs made before a key
     existed stay up to date."""
-    return {
-        key: config[stage][key]
-        for key in keys
-        if config[stage][key] != UNLIMITED_SAMPLING[key]
-    }
+    limiting = SamplingLimits.of(config[stage]).limiting()
+    return {key: value for key, value in limiting.items() if key in keys}
 
 
 def engine_params(stage):

@@ -2,6 +2,7 @@
 
 from eagleflow.evaluate import write_offline
 from eagleflow.logs import log_job_errors, setup_job_logging
+from eagleflow.sampling import SamplingLimits
 
 log = setup_job_logging(snakemake.log[0])
 with log_job_errors(log):
@@ -14,8 +15,7 @@ with log_job_errors(log):
         ks=snakemake.params.ks,
         temperatures=snakemake.params.temperatures,
         draft_sample_method=snakemake.params.draft_sample_method,
-        top_k=snakemake.params.get("top_k", 0),
-        top_p=snakemake.params.get("top_p", 1.0),
+        limits=SamplingLimits.of(snakemake.params),
         max_samples=snakemake.params.max_samples,
     )
 log.info("%s", report)

@@ -4,6 +4,7 @@ import json
 
 from eagleflow.engine import engine_options
 from eagleflow.logs import log_job_errors, setup_job_logging
+from eagleflow.sampling import SamplingLimits
 from eagleflow.serving_check import serving_check
 
 if __name__ == "__main__":  # vLLM spawns worker processes that re-import this module
@@ -22,12 +23,10 @@ if __name__ == "__main__":  # vLLM spawns worker processes that re-import this m
             other_ks=params.other_ks,
             temperatures=params.temperatures,
             draft_sample_method=params.draft_sample_method,
-            top_k=params.get("top_k", 0),
-            top_p=params.get("top_p", 1.0),
+            limits=SamplingLimits.of(params),
             data_temperature=params.data_temperature,
             # not params: a change to them reruns generation, and so this job, anyway
-            data_top_k=snakemake.config["generation"]["top_k"],
-            data_top_p=snakemake.config["generation"]["top_p"],
+            data_limits=SamplingLimits.of(snakemake.config["generation"]),
             tolerance=params.tolerance,
             max_prompts=params.max_prompts,
             # [speed]: read from the config, not params, so changing them reruns nothing

@@ -16,6 +16,7 @@ from safetensors.torch import load_file, save_file
 
 from eagleflow.evaluate import response_start, simulate_chain
 from eagleflow.extraction_server import running_server
+from eagleflow.sampling import SamplingLimits
 
 
 def test_chain_walk_counts_accepted_drafts_and_the_end_of_the_answer() -> None:
@@ -192,7 +193,7 @@ def test_serving_check_samples_with_the_users_top_k_and_top_p(demo_copy: Path) -
     # float32: a bf16 engine's logits tie often enough for top_k 1 to keep two tokens
     runs, _ = serve(
         demo_copy / "results/demo/target", prompts, max_tokens=32, max_model_len=1024,
-        temperatures=[0.0, 1.0], top_k=1, options={"dtype": "float32"},
+        temperatures=[0.0, 1.0], limits=SamplingLimits(top_k=1), options={"dtype": "float32"},
         speculative_config=eagle3_config(demo_copy / "results/drafter/vllm", 3),
     )  # fmt: skip
     greedy, top_1 = runs[0.0], runs[1.0]
@@ -222,7 +223,7 @@ def test_draft_sample_method_is_checked_against_the_estimate(tmp_path: Path) -> 
         serving_check(
             tmp_path / "serving.json", offline=offline, export_dir=tmp_path, shard_paths=[],
             target=tmp_path, heldout_fraction=0.05, k=3, tolerance=0.03, max_prompts=1,
-            max_tokens=1, max_model_len=64, temperatures=[1.0], top_p=0.95,
+            max_tokens=1, max_model_len=64, temperatures=[1.0], limits=SamplingLimits(top_p=0.95),
         )  # fmt: skip
     assert not (tmp_path / "serving.json").exists()
 

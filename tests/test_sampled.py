@@ -23,6 +23,7 @@ from eagleflow.sampled import (
     truncate_logits,
     walk_expected,
 )
+from eagleflow.sampling import UNLIMITED, SamplingLimits
 from eagleflow.vllm_fixes import expand_to_tokens
 
 
@@ -91,8 +92,8 @@ def test_top_k_top_p_mask_is_vllms(top_k: int, top_p: float) -> None:
     expected = apply_top_k_top_p_pytorch(
         logits.clone(), k if top_k else None, p if top_p < 1 else None
     )
-    assert torch.equal(truncate_logits(logits, top_k, top_p), expected)
-    assert truncate_logits(logits, 0, 1.0) is logits  # nothing to truncate
+    assert torch.equal(truncate_logits(logits, SamplingLimits(top_k, top_p)), expected)
+    assert truncate_logits(logits, UNLIMITED) is logits  # nothing to truncate
 
 
 def test_top_k_1_accepts_exactly_the_greedy_drafts() -> None:
@@ -111,9 +112,11 @@ def test_top_k_1_accepts_exactly_the_greedy_drafts() -> None:
     for step in range(steps):  # step's draft at slot t is judged at t + 1 + step < length - 1
         greedy[step, length - 2 - step :] = False
     for temperature in (0.6, 1.0):
-        accept = acceptance_probabilities(head, last, drafted, temperature, top_k=1)
+        accept = acceptance_probabilities(
+            head, last, drafted, temperature, limits=SamplingLimits(top_k=1)
+        )
         assert torch.equal(accept, greedy.float())
-    nucleus = acceptance_probabilities(head, last, drafted, 1.0, top_p=0.9)
+    nucleus = acceptance_probabilities(head, last, drafted, 1.0, limits=SamplingLimits(top_p=0.9))
     untruncated = acceptance_probabilities(head, last, drafted, 1.0)
     hits = greedy & (untruncated < 1)
     assert (nucleus[hits] > untruncated[hits]).all() and (nucleus[hits] < 1).any()
@@ -193,13 +196,14 @@ print("faulty" if faulty else "correct", out.tolist())
 
 TOP_K_ONLY = """
 import json, sys
+from eagleflow.sampling import UNLIMITED, SamplingLimits
 from eagleflow.spec_decode import serve
 prompts = [[(7 * i + j) % 1500 + 50 for j in range(40)] for i in range(8)]
 # vLLM's n-gram proposer (no drafter needed) drafts at nearly every step; requests end apart.
 ngram = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 1,
          "prompt_lookup_max": 1}
 served, _ = serve(sys.argv[1], prompts, max_tokens=32, max_model_len=1024, temperatures=[0.6],
-                  top_k=20, speculative_config=ngram)
+                  limits=SamplingLimits(top_k=20), speculative_config=ngram)
 print(json.dumps(served[0.6].outputs))
 """
 
