@@ -19,8 +19,9 @@ class SamplingLimits:
     @classmethod
     def of(cls, record: Mapping[str, Any] | Any) -> SamplingLimits:
         """From anything that holds them by name (a config section, a rule's params, a report);
-        a missing one limits nothing."""
-        return cls(int(record.get("top_k", cls.top_k)), float(record.get("top_p", cls.top_p)))
+        a missing one limits nothing, nor does top_k -1 (vLLM accepts it for 0)."""
+        top_k = max(int(record.get("top_k", cls.top_k)), 0)
+        return cls(top_k, float(record.get("top_p", cls.top_p)))
 
     def as_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

@@ -34,6 +34,22 @@ def test_repo_config_and_test_config_are_valid() -> None:
         assert schema_errors(yaml.safe_load(path.read_text()), SCHEMA) == []
 
 
+def test_top_k_minus_one_is_vllms_no_limit() -> None:
+    """vLLM takes top_k -1 for 0 (no limit): so does the config, and it adds nothing to a rule's
+    params (rules/common.smk `sampling_limits`: what limits), so nothing reruns for it."""
+    from eagleflow.sampling import UNLIMITED, SamplingLimits
+
+    config = yaml.safe_load((REPO / "config.yaml").read_text())
+    config["generation"]["top_k"] = config["evaluate"]["top_k"] = -1
+    assert schema_errors(config, SCHEMA) == []
+    assert SamplingLimits.of(config["generation"]) == UNLIMITED
+    assert SamplingLimits.of(config["evaluate"]).limiting() == {}
+    limiting = SamplingLimits.of({"top_k": 20, "top_p": 0.95}).limiting()
+    assert limiting == {"top_k": 20, "top_p": 0.95}
+    config["evaluate"]["top_k"] = -2
+    assert schema_errors(config, SCHEMA) == ["evaluate.top_k: -2 is less than the minimum of -1"]
+
+
 def test_schema_errors_name_the_key() -> None:
     config = yaml.safe_load((REPO / "config.yaml").read_text())
     config["prompts"]["on_eror"] = "skip"
