@@ -1,4 +1,5 @@
-"""Config checks that name the offending key: schema errors and paths that do not exist."""
+"""Config checks that name the offending key: schema errors, paths that do not exist, and a
+serving check that would gate nothing."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import yaml
 
 from eagleflow.fingerprint import TOKENIZER_VOCAB_FILES
 from eagleflow.logs import InputError
+from eagleflow.sampling import SamplingLimits, data_sampling_unserved
 from eagleflow.target_config import untrusted_tokenizer_code
 
 
@@ -56,6 +58,16 @@ def missing_paths(config: dict) -> list[str]:
         if not Path(path).is_file():
             missing.append(f"prompts.paths[{i}]: {path} does not exist")
     return missing
+
+
+def ungated_serving(config: dict) -> list[str]:
+    """A serving check that would gate no acceptance figure (`data_sampling_unserved`)."""
+    data, served = config["generation"], config["evaluate"]
+    problem = data_sampling_unserved(
+        served["temperatures"], SamplingLimits.of(served), data["temperature"],
+        SamplingLimits.of(data),
+    )  # fmt: skip
+    return [problem] if problem else []
 
 
 def raise_if_invalid(problems: list[str]) -> None:

@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -42,3 +42,37 @@ class SamplingLimits:
 
 
 UNLIMITED = SamplingLimits()
+
+
+def sampled_as_data(
+    temperature: float, limits: SamplingLimits, data_temperature: float, data_limits: SamplingLimits
+) -> bool:
+    """Whether serving at `temperature` with `limits` samples as the training data were
+    sampled, the one setting whose contexts the offline estimate walks (limits matter at T > 0
+    only): where the serving check gates acceptance."""
+    return temperature == data_temperature and (temperature == 0 or limits == data_limits)
+
+
+def data_sampling_unserved(
+    temperatures: Sequence[float],
+    limits: SamplingLimits,
+    data_temperature: float,
+    data_limits: SamplingLimits,
+) -> str | None:
+    """Why serving at `temperatures` with `limits` gates no acceptance figure (none samples as
+    the data were sampled), naming the keys and the fix; None when one does. Such a serving
+    check would pass every drafter on acceptance."""
+    temperatures = [float(t) for t in temperatures]
+    if any(sampled_as_data(t, limits, data_temperature, data_limits) for t in temperatures):
+        return None
+    fixes = []
+    if data_temperature not in temperatures:
+        fixes.append(f"add {data_temperature:g} to evaluate.temperatures")
+    if not sampled_as_data(data_temperature, limits, data_temperature, data_limits):
+        fixes.append("set evaluate.top_k / top_p as generation's")
+    return (
+        f"evaluate.temperatures: {temperatures}, with evaluate.top_k / top_p {limits.top_k} / "
+        f"{limits.top_p:g}, leave out the training data's sampling, "
+        f"{data_limits.words(data_temperature)} (generation.temperature, top_k, top_p): the "
+        f"serving check would gate no acceptance figure; {' and '.join(fixes)}"
+    )

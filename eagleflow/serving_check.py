@@ -18,7 +18,12 @@ from eagleflow.sampled import (
     engine_fault,
     served_without_drafter,
 )
-from eagleflow.sampling import UNLIMITED, SamplingLimits
+from eagleflow.sampling import (
+    UNLIMITED,
+    SamplingLimits,
+    data_sampling_unserved,
+    sampled_as_data,
+)
 
 
 def serving_acceptance(
@@ -151,7 +156,8 @@ def serving_check(
     estimate is comparable: the data were sampled as served (`data_temperature`, `data_limits`:
     the config's generation section; the walk follows the data's contexts, and a
     drafter served otherwise meets contexts it was not trained on, so the estimate there only
-    informs: a shortfall is a warning in the report and the log). It also fails when the
+    informs: a shortfall is a warning in the report and the log; a check that would gate no
+    temperature is refused before serving). It also fails when the
     outputs sampled with the drafter are not distributed as the target's own (an engine fault:
     a drafter cannot change them in a correct engine), or when a diagnostic finds a known
     fault in the export; the findings go into the error and into `<out>.rejected.json`.
@@ -187,6 +193,9 @@ def serving_check(
         raise InputError(
             f"evaluate.temperatures: no offline estimate at {missing}; rerun evaluate_offline"
         )
+    ungated = data_sampling_unserved(temperatures, limits, data_temperature, data_limits)
+    if ungated:
+        raise InputError(ungated)
     from eagleflow.spec_decode import cpu_serving_blocked
 
     blocked = None if server_url else cpu_serving_blocked(target)
@@ -207,11 +216,10 @@ def serving_check(
     except Exception as err:  # a broken export can crash the engine: still name the cause
         served = {"error": f"{type(err).__name__}: {err}", "mean_acceptance_length": 0.0}
     failures, warnings, by_temperature = [], [], {}
-    limits_as_data = limits == data_limits  # they apply at T > 0 only
     for t in temperatures:
         estimate = offline["by_temperature"][str(t)]["by_k"][str(k)]
         record = served.get("by_temperature", {}).get(str(t), served)
-        gated = (t == data_temperature and (t == 0 or limits_as_data)) or "error" in served
+        gated = sampled_as_data(t, limits, data_temperature, data_limits) or "error" in served
         comparison, shortfall = gate_against_offline(record, estimate, tolerance, t, k)
         by_temperature[str(t)] = {**comparison, "gated": gated}
         if shortfall and gated:
@@ -243,15 +251,6 @@ def serving_check(
     if server_url and other_ks:
         warnings.append(
             f"evaluate.other_served_ks {list(other_ks)}: not served (a server serves one K)"
-        )
-    elif other_ks and (
-        str(float(data_temperature)) not in offline["by_temperature"]
-        or (data_temperature > 0 and not limits_as_data)
-    ):
-        warnings.append(
-            f"evaluate.other_served_ks {list(other_ks)}: not served (they are gated at the "
-            f"data's sampling, {data_limits.words(data_temperature)}, "
-            "which evaluate.temperatures, top_k and top_p leave out)"
         )
     elif "error" not in served:
         by_k, shortfalls = served_at_other_ks(

@@ -6,7 +6,12 @@ from pathlib import Path
 from snakemake.exceptions import WorkflowError
 from snakemake.utils import min_version, validate
 
-from eagleflow.config import missing_paths, raise_if_invalid, schema_errors
+from eagleflow.config import (
+    missing_paths,
+    raise_if_invalid,
+    schema_errors,
+    ungated_serving,
+)
 from eagleflow.engine import engine_options, engine_world_size, state_options
 from eagleflow.layers import resolve_aux_layer_ids
 from eagleflow.sampling import SamplingLimits
@@ -23,7 +28,7 @@ try:
 except WorkflowError:
     raise_if_invalid(schema_errors(config, CONFIG_SCHEMA))
     raise
-raise_if_invalid(missing_paths(config))
+raise_if_invalid(missing_paths(config) + ungated_serving(config))
 
 
 # Jobs hold GPUs on an NVIDIA machine, and on a cluster (whose submit host may have none).

@@ -12,7 +12,7 @@ import yaml
 from conftest import REPO, deep_merge, run_snakemake, write_config
 from snakemake.utils import validate
 
-from eagleflow.config import missing_paths, schema_errors
+from eagleflow.config import missing_paths, schema_errors, ungated_serving
 from eagleflow.engine import (
     LAYOUT_OPTIONS,
     STATE_OPTIONS,
@@ -75,6 +75,34 @@ def test_dry_run_fails_on_a_misspelled_key(tmp_path: Path) -> None:
     result = run_snakemake(tmp_path, "-n", check=False)
     assert result.returncode != 0
     assert "prompts.on_eror: unknown config key" in result.stdout + result.stderr
+
+
+def test_serving_check_that_would_gate_nothing_is_refused(tmp_path: Path) -> None:
+    """The serving check gates acceptance where it serves as the training data were sampled;
+    sampled data with no such serving would leave every drafter unchecked: refused at parse
+    time, the keys and the fix named."""
+    config = yaml.safe_load((REPO / "config.yaml").read_text())
+    assert ungated_serving(config) == []  # greedy data, T=0 served
+    config["generation"] |= {"temperature": 0.6, "top_p": 0.95, "top_k": 20}
+    (problem,) = ungated_serving(config)
+    assert problem == (
+        "evaluate.temperatures: [0.0, 1.0], with evaluate.top_k / top_p 0 / 1, leave out the "
+        "training data's sampling, T=0.6, top_p 0.95, top_k 20 (generation.temperature, top_k, "
+        "top_p): the serving check would gate no acceptance figure; add 0.6 to "
+        "evaluate.temperatures and set evaluate.top_k / top_p as generation's"
+    )
+    config["evaluate"] |= {"temperatures": [0.0, 0.6], "top_p": 0.95}
+    assert ungated_serving(config)[0].endswith("; set evaluate.top_k / top_p as generation's")
+    config["evaluate"]["top_k"] = 20
+    assert ungated_serving(config) == []
+
+    write_config(tmp_path, {"generation": {"temperature": 0.7}})
+    result = run_snakemake(tmp_path, "-n", check=False)
+    assert result.returncode != 0
+    assert "the serving check would gate no acceptance figure; add 0.7 to evaluate." in (
+        result.stdout + result.stderr
+    )
+    assert "Traceback" not in result.stdout + result.stderr
 
 
 def test_dry_run_fails_on_paths_that_do_not_exist(tmp_path: Path) -> None:

@@ -138,7 +138,7 @@ def test_probabilistic_drafting_is_served_modelled_and_lossless(demo_copy: Path)
     agrees with it, and the sampled outputs stay the target's own."""
     greedy = json.loads((demo_copy / "results/eval/serving.json").read_text())
     greedy = greedy["by_temperature"]["1.0"]
-    evaluate_anew(demo_copy, draft_sample_method="probabilistic", temperatures=[1.0])
+    evaluate_anew(demo_copy, draft_sample_method="probabilistic")
     offline = json.loads((demo_copy / "results/eval/offline.json").read_text())
     report = json.loads((demo_copy / "results/eval/serving.json").read_text())
     assert offline["draft_sample_method"] == report["draft_sample_method"] == "probabilistic"
@@ -171,7 +171,7 @@ def test_serving_check_samples_with_the_users_top_k_and_top_p(demo_copy: Path) -
     from eagleflow.evaluate import heldout_prompts
     from eagleflow.spec_decode import eagle3_config, serve
 
-    evaluate_anew(demo_copy, temperatures=[0.6], top_p=0.95, top_k=20)
+    evaluate_anew(demo_copy, temperatures=[0.0, 0.6], top_p=0.95, top_k=20)  # 0: greedy data
     offline = json.loads((demo_copy / "results/eval/offline.json").read_text())
     report = json.loads((demo_copy / "results/eval/serving.json").read_text())
     assert (offline["top_k"], offline["top_p"]) == (report["top_k"], report["top_p"]) == (20, 0.95)
@@ -225,6 +225,14 @@ def test_draft_sample_method_is_checked_against_the_estimate(tmp_path: Path) -> 
             target=tmp_path, heldout_fraction=0.05, k=3, tolerance=0.03, max_prompts=1,
             max_tokens=1, max_model_len=64, temperatures=[1.0], limits=SamplingLimits(top_p=0.95),
         )  # fmt: skip
+    # Served only where the data (greedy) were not sampled, the check would gate nothing:
+    # refused before any engine is built (the export here is no drafter at all).
+    with pytest.raises(InputError, match=r"would gate no acceptance figure; add 0 to evaluate"):
+        serving_check(
+            tmp_path / "serving.json", offline=offline, export_dir=tmp_path, shard_paths=[],
+            target=tmp_path, heldout_fraction=0.05, k=3, tolerance=0.03, max_prompts=1,
+            max_tokens=1, max_model_len=64, temperatures=[1.0],
+        )  # fmt: skip
     assert not (tmp_path / "serving.json").exists()
 
 
@@ -239,16 +247,10 @@ def test_broken_sampling_engine_is_named_an_engine_fault(
 
     if not expand_kernel_faulty():
         pytest.skip("this vLLM's CPU expand_kernel is correct: nothing to show")
-    config = yaml.safe_load((demo_copy / "config.yaml").read_text())
-    # K=5 is gated at the data's temperature (0), which the check does not serve: skipped
-    config["evaluate"] = {
-        **config.get("evaluate", {}),
-        "temperatures": [1.0],
-        "other_served_ks": [5],
-    }
-    (demo_copy / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
     monkeypatch.setenv("VLLM_PLUGINS", "none")  # vLLM's allow-list: load no plugin
-    result = run_snakemake(demo_copy, "results/eval/serving.json", check=False)
+    result = run_snakemake(
+        demo_copy, "--forcerun", "evaluate_serving", "results/eval/serving.json", check=False
+    )
     assert result.returncode != 0
     log = (demo_copy / "results/logs/evaluate_serving.log").read_text()
     failure = next(line for line in log.splitlines() if "serving check failed" in line)
@@ -257,8 +259,7 @@ def test_broken_sampling_engine_is_named_an_engine_fault(
     assert "ENGINE FAULT, not the drafter's" in failure
     assert not (demo_copy / "results/eval/serving.json").exists()
     rejected = json.loads((demo_copy / "results/eval/serving.rejected.json").read_text())
-    assert any("[5]: not served (they are gated at the data's sampling, T=0," in warning
-               for warning in rejected["warnings"]), rejected["warnings"]  # fmt: skip
+    assert rejected["by_temperature"]["0.0"]["gated"]  # greedy serving passed its gate
 
 
 def break_export(export: Path, fault: str) -> None:

@@ -115,7 +115,11 @@ def test_unreachable_server_is_one_clear_error(demo_run: Path, tmp_path: Path) -
 
 @pytest.mark.parametrize("sampling", [{"temperature": 0.7}, {"temperature": 0.6, "top_k": 20}])
 def test_changed_sampling_reruns_generation_only(demo_copy: Path, sampling: dict) -> None:
-    write_config(demo_copy, {"generation": sampling})
+    served_as_data = {
+        "temperatures": [0.0, sampling["temperature"]],
+        "top_k": sampling.get("top_k", 0),
+    }
+    write_config(demo_copy, {"generation": sampling, "evaluate": served_as_data})
     dry = run_snakemake(demo_copy, "-n").stdout
     shards = json.loads((demo_copy / "results/plan/plan.json").read_text())["shards"]
     assert dry.count("rule generate:") == len(shards)
