@@ -16,7 +16,7 @@ import tempfile
 from pathlib import Path
 
 import torch
-from rows import Row, finish, output_arguments
+from rows import Row, finish, output_arguments, served_prompts_arguments
 
 # config.yaml's evaluate.tolerance: the serving check fails a served acceptance this far below
 # the offline estimate.
@@ -61,9 +61,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--results", default="results")
     parser.add_argument("--k", type=int, default=3)
-    parser.add_argument("--prompts", type=int, default=100)
-    parser.add_argument("--max-tokens", type=int, default=256)
-    parser.add_argument("--heldout-fraction", type=float, default=0.05)
+    served_prompts_arguments(parser)
     output_arguments(parser, "acceptance")
     args = parser.parse_args()
 

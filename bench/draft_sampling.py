@@ -16,7 +16,7 @@ import argparse
 import glob
 from pathlib import Path
 
-from rows import Row, finish, output_arguments
+from rows import Row, finish, output_arguments, served_prompts_arguments
 
 from eagleflow.sampled import DRAFT_SAMPLE_METHODS as METHODS
 
@@ -56,9 +56,7 @@ def main() -> None:
     parser.add_argument("--export", type=Path, help="drafter export (default: the run's)")
     parser.add_argument("--ks", type=int, nargs="+", default=[3, 5])
     parser.add_argument("--temperature", type=float, default=1.0)
-    parser.add_argument("--prompts", type=int, default=100)
-    parser.add_argument("--max-tokens", type=int, default=256)
-    parser.add_argument("--heldout-fraction", type=float, default=0.05)
+    served_prompts_arguments(parser)
     output_arguments(parser, "draft_sampling")
     args = parser.parse_args()
     if args.temperature <= 0:

@@ -85,6 +85,14 @@ def finished_run(*needs: str) -> Callable[[str], Path]:
     return check
 
 
+def served_prompts_arguments(parser: argparse.ArgumentParser) -> None:
+    """The held-out prompts the serving benches serve, alike in each: how many, how long, and
+    the held-out share of the run."""
+    parser.add_argument("--prompts", type=int, default=100)
+    parser.add_argument("--max-tokens", type=int, default=256)
+    parser.add_argument("--heldout-fraction", type=float, default=0.05)
+
+
 def output_arguments(parser: argparse.ArgumentParser, name: str) -> None:
     parser.add_argument(
         "--rows",

@@ -17,7 +17,7 @@ import glob
 from pathlib import Path
 
 from draft_sampling import lossless_row
-from rows import Row, finish, output_arguments
+from rows import Row, finish, output_arguments, served_prompts_arguments
 
 SETTINGS = ["1.0,0.95,0", "0.6,0.95,20"]
 
@@ -56,9 +56,7 @@ def main() -> None:
     parser.add_argument("--export", type=Path, help="drafter export (default: the run's)")
     parser.add_argument("--setting", type=setting, nargs="+", default=[*map(setting, SETTINGS)])
     parser.add_argument("--k", type=int, default=3)
-    parser.add_argument("--prompts", type=int, default=100)
-    parser.add_argument("--max-tokens", type=int, default=256)
-    parser.add_argument("--heldout-fraction", type=float, default=0.05)
+    served_prompts_arguments(parser)
     output_arguments(parser, "sampling_limits")
     args = parser.parse_args()
 

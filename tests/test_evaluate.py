@@ -105,9 +105,7 @@ def test_sampled_serving_is_lossless_and_agrees_with_its_offline_estimate(demo_r
         f"without the drafter (stderr {lossless['stderr']:.3f})"
     )
     assert served["drafts"] > 0 and served["temperature"] == 1.0
-    # Within the tolerance, widened by 3 standard errors of the sampled figure, both ways.
-    margin = report["tolerance"] + 3 * sampled["served_stderr"] / offline["mean_acceptance_length"]
-    assert abs(sampled["relative_gap"]) <= margin
+    assert within_tolerance(report, sampled)
     assert served["mean_acceptance_length"] >= sampled["floor"]
     # Greedy data (generation.temperature 0): the greedy figure is gated, the sampled one
     # informs (a shortfall there would be a warning, not a failure).
@@ -118,9 +116,9 @@ def test_sampled_serving_is_lossless_and_agrees_with_its_offline_estimate(demo_r
     assert report["served"] == report["by_temperature"]["0.0"]["served"]
 
 
-def evaluate_anew(run: Path, **evaluate: object) -> None:
+def evaluate_anew(run: Path, **evaluate: object) -> tuple[dict, dict]:
     """Set `evaluate` keys in a finished run's config (no other K served) and run the serving
-    check again: only the evaluation reruns."""
+    check again: only the evaluation reruns. Returns offline.json and serving.json."""
     config = yaml.safe_load((run / "config.yaml").read_text())
     config["evaluate"] = {**config.get("evaluate", {}), "other_served_ks": [], **evaluate}
     (run / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
@@ -129,6 +127,19 @@ def evaluate_anew(run: Path, **evaluate: object) -> None:
         "results/eval/offline.json", "results/eval/serving.json"
     ]  # fmt: skip
     run_snakemake(run, "results/eval/serving.json")
+    return tuple(
+        json.loads((run / f"results/eval/{n}.json").read_text()) for n in ("offline", "serving")
+    )
+
+
+def within_tolerance(report: dict, sampled: dict) -> bool:
+    """A sampled record's served figure within the check's tolerance of its estimate, widened
+    by 3 standard errors of the served figure, both ways."""
+    estimate = sampled["offline"]["mean_acceptance_length"]
+    return (
+        abs(sampled["relative_gap"])
+        <= report["tolerance"] + 3 * sampled["served_stderr"] / estimate
+    )
 
 
 def test_probabilistic_drafting_is_served_modelled_and_lossless(demo_copy: Path) -> None:
@@ -138,9 +149,7 @@ def test_probabilistic_drafting_is_served_modelled_and_lossless(demo_copy: Path)
     agrees with it, and the sampled outputs stay the target's own."""
     greedy = json.loads((demo_copy / "results/eval/serving.json").read_text())
     greedy = greedy["by_temperature"]["1.0"]
-    evaluate_anew(demo_copy, draft_sample_method="probabilistic")
-    offline = json.loads((demo_copy / "results/eval/offline.json").read_text())
-    report = json.loads((demo_copy / "results/eval/serving.json").read_text())
+    offline, report = evaluate_anew(demo_copy, draft_sample_method="probabilistic")
     assert offline["draft_sample_method"] == report["draft_sample_method"] == "probabilistic"
     sampled = report["by_temperature"]["1.0"]
     served, estimate = sampled["served"], sampled["offline"]
@@ -153,8 +162,7 @@ def test_probabilistic_drafting_is_served_modelled_and_lossless(demo_copy: Path)
         f"{served['lossless']['loglik_without_drafter']:.3f} without the drafter"
     )
     assert served["lossless"]["lossless"] is True
-    margin = report["tolerance"] + 3 * sampled["served_stderr"] / estimate["mean_acceptance_length"]
-    assert abs(sampled["relative_gap"]) <= margin
+    assert within_tolerance(report, sampled)
     # The test config's drafter is barely trained (40 steps): its q is far from p, and sampled
     # drafts fare worse than its argmax; the estimate must tell the two rules apart.
     gap = estimate["mean_acceptance_length"] - greedy["offline"]["mean_acceptance_length"]
@@ -171,9 +179,8 @@ def test_serving_check_samples_with_the_users_top_k_and_top_p(demo_copy: Path) -
     from eagleflow.evaluate import heldout_prompts
     from eagleflow.spec_decode import eagle3_config, serve
 
-    evaluate_anew(demo_copy, temperatures=[0.0, 0.6], top_p=0.95, top_k=20)  # 0: greedy data
-    offline = json.loads((demo_copy / "results/eval/offline.json").read_text())
-    report = json.loads((demo_copy / "results/eval/serving.json").read_text())
+    # T=0 too: the data are greedy
+    offline, report = evaluate_anew(demo_copy, temperatures=[0.0, 0.6], top_p=0.95, top_k=20)
     assert (offline["top_k"], offline["top_p"]) == (report["top_k"], report["top_p"]) == (20, 0.95)
     sampled = report["by_temperature"]["0.6"]
     served, estimate = sampled["served"], sampled["offline"]
@@ -185,8 +192,7 @@ def test_serving_check_samples_with_the_users_top_k_and_top_p(demo_copy: Path) -
     )
     assert (served["top_k"], served["top_p"]) == (20, 0.95)
     assert served["lossless"]["lossless"] is True
-    margin = report["tolerance"] + 3 * sampled["served_stderr"] / estimate["mean_acceptance_length"]
-    assert abs(sampled["relative_gap"]) <= margin
+    assert within_tolerance(report, sampled)
 
     shards = sorted((demo_copy / "results/hidden").glob("shard-*.zarr"))
     prompts = heldout_prompts(shards, 0.05, 8)
