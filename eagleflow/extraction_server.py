@@ -31,6 +31,7 @@ from eagleflow.engine import (
     engine_world_size,
     use_compile_cache,
 )
+from eagleflow.files import write_json
 from eagleflow.logs import InputError
 
 SCHEMA = Path(__file__).resolve().parents[1] / "rules/schemas/config.schema.yaml"
@@ -59,10 +60,11 @@ def serve_command(
     from eagleflow.engine import memory_settings
     from eagleflow.precision import engine_dtype
 
+    required = []  # after the user's flags: the last of a repeated flag wins
     if extract_layer_ids is not None:
         if storage_dir is None:
             raise ValueError("an extraction server needs a storage_dir for its hidden states")
-        extra = [*extraction_server_args(extract_layer_ids, storage_dir), *(extra or [])]
+        required = extraction_server_args(extract_layer_ids, storage_dir)
     # As build_llm: eager on CPU for generation; compiled for extraction (see vllm_capture.py).
     eager = ["--enforce-eager"] if current_platform.is_cpu() and extract_layer_ids is None else []
     return [
@@ -76,6 +78,7 @@ def serve_command(
         "--dtype", engine_dtype(),
         *eager,
         *(extra or []),
+        *required,
     ]  # fmt: skip
 
 
@@ -99,9 +102,7 @@ def write_server_info(storage_dir: str | Path, model_dir: str | Path, layer_ids:
     from eagleflow.fingerprint import target_fingerprint
 
     info = {"layer_ids": sorted(layer_ids), "target_fingerprint": target_fingerprint(model_dir)}
-    storage_dir = Path(storage_dir)
-    storage_dir.mkdir(parents=True, exist_ok=True)
-    (storage_dir / SERVER_INFO).write_text(json.dumps(info))
+    write_json(Path(storage_dir) / SERVER_INFO, info)
 
 
 def _server_env(options: Mapping[str, Any] | None = None) -> dict[str, str]:

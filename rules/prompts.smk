@@ -9,6 +9,8 @@ rule normalize_prompts:
         stats="results/prompts/stats.json",
     log:
         "results/logs/normalize_prompts.log",
+    benchmark:
+        "results/benchmarks/normalize_prompts.tsv"
     conda:
         "../envs/torch.yaml"
     params:

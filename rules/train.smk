@@ -20,7 +20,7 @@ rule train:
     threads: workflow.cores
     resources:
         mem_mb=8000,
-        gpu=GPUS_PER_JOB * config["train"]["nproc"],
+        gpu=TRAIN_GPUS,
     params:
         settings=train_settings,
         checkpoint_dir="results/checkpoints/drafter",

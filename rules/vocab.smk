@@ -9,6 +9,8 @@ rule token_counts:
         "results/token_counts/shard-{shard}.npz",
     log:
         "results/logs/token_counts/shard-{shard}.log",
+    benchmark:
+        "results/benchmarks/token_counts/shard-{shard}.tsv"
     conda:
         "../envs/torch.yaml"
     params:
@@ -26,6 +28,8 @@ rule vocab:
         report="results/vocab/coverage.json",
     log:
         "results/logs/vocab.log",
+    benchmark:
+        "results/benchmarks/vocab.tsv"
     conda:
         "../envs/torch.yaml"
     params:

@@ -1,6 +1,7 @@
 """Snakemake entry: served acceptance and the serving check (see eagleflow.serving_check)."""
 
 import json
+from pathlib import Path
 
 from eagleflow.engine import engine_options
 from eagleflow.logs import log_job_errors, setup_job_logging
@@ -14,7 +15,7 @@ if __name__ == "__main__":  # vLLM spawns worker processes that re-import this m
     with log_job_errors(log):
         report = serving_check(
             snakemake.output[0],
-            offline=json.loads(open(snakemake.input.offline).read()),
+            offline=json.loads(Path(snakemake.input.offline).read_text()),
             export_dir=snakemake.input.drafter,
             shard_paths=list(snakemake.input.shards),
             target=snakemake.input.model,

@@ -9,8 +9,8 @@ with log_job_errors(log):
     records, stats = normalize_prompts(
         list(snakemake.input), on_error=snakemake.params.on_error, limit=snakemake.params.limit
     )
-write_jsonl(snakemake.output.prompts, records)
-write_json(snakemake.output.stats, stats.as_dict())
+    write_jsonl(snakemake.output.prompts, records)
+    write_json(snakemake.output.stats, stats.as_dict())
 log.info(
     "%d prompts kept from %d lines: %d duplicates dropped, %d bad lines skipped",
     stats.kept,

@@ -32,6 +32,12 @@ count of the cases added here):
 11. disk too small for extraction: covered in
     tests/test_extract_workflow.py::test_extraction_refuses_to_start_without_disk and
     tests/test_status.py::test_preflight_refuses_and_says_by_how_much.
+12. a target config.json that is not JSON, or whose decoder settings lack the layer count or
+    width: here, at `snakemake -n`, naming the file.
+13. a broken line in a file one job hands the next (plan, responses, tokens): here, naming the
+    file and line (the jobs read them with one reader, eagleflow.files.read_jsonl).
+14. an engine option vLLM would refuse only when a job builds its engine: covered in
+    tests/test_config.py::test_engine_options_vllm_would_refuse_are_named_when_the_workflow_starts.
 """
 
 from __future__ import annotations
@@ -46,6 +52,8 @@ import pytest
 import yaml
 from conftest import deep_merge, run_snakemake, scheduled_outputs, write_config
 
+from eagleflow.files import read_jsonl
+from eagleflow.logs import InputError
 from eagleflow.prompts import prompt_id
 
 
@@ -224,6 +232,40 @@ def test_target_without_tokenizer_fails_the_dry_run_naming_it(tmp_path: Path) ->
     assert result.returncode != 0
     assert f"target.model: {model} has no tokenizer" in result.stdout + result.stderr
     assert not (tmp_path / "results").exists()
+
+
+@pytest.mark.parametrize(
+    ("config_text", "message"),
+    [
+        ('{"architectures": ["LlamaForCausalLM"],', "config.json: not JSON"),
+        (
+            '{"architectures": ["KimiK25ForConditionalGeneration"], "text_config": {}}',
+            "config.json: the decoder's settings (text_config) lack num_hidden_layers, "
+            "hidden_size",
+        ),
+    ],
+    ids=["not-json", "no-layer-count"],
+)
+def test_broken_target_config_fails_the_dry_run_naming_the_file(
+    tmp_path: Path, config_text: str, message: str
+) -> None:
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text(config_text)
+    (model / "tokenizer.json").write_text("{}")
+    write_config(tmp_path, {"target": {"model": str(model)}})
+    result = run_snakemake(tmp_path, "-n", check=False)
+    output = result.stdout + result.stderr
+    assert result.returncode != 0
+    assert f"{model}/{message}" in output, output[-3000:]
+    assert not (tmp_path / "results").exists()
+
+
+def test_broken_line_of_a_jobs_file_is_named(tmp_path: Path) -> None:
+    path = tmp_path / "shard-00003.jsonl"
+    path.write_text('{"id": "a"}\n\n{"id": "b", "prompt_ids": [1, 2\n')
+    with pytest.raises(InputError, match=re.escape(f"{path}, line 3: not JSON")):
+        read_jsonl(path)
 
 
 def test_unsupported_architecture_fails_the_plan_naming_it(demo_run: Path, tmp_path: Path) -> None:

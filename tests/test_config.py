@@ -12,7 +12,13 @@ import yaml
 from conftest import REPO, deep_merge, run_snakemake, write_config
 from snakemake.utils import validate
 
-from eagleflow.config import missing_paths, schema_errors, ungated_serving
+from eagleflow.config import (
+    engine_option_problems,
+    missing_paths,
+    schema_errors,
+    ungated_serving,
+    vllm_dataclass_fields,
+)
 from eagleflow.engine import (
     LAYOUT_OPTIONS,
     STATE_OPTIONS,
@@ -227,6 +233,86 @@ def test_misspelled_engine_option_is_named() -> None:
     config["generation"]["engine"] = {"tensor_paralel_size": 2}
     (error,) = schema_errors(config, SCHEMA)
     assert error.startswith("generation.engine.tensor_paralel_size: unknown config key")
+
+
+def test_engine_options_vllm_would_refuse_are_named_when_the_workflow_starts() -> None:
+    """What vLLM refuses only when a job builds its engine (for a large target, hours into the
+    run): an `extra` key it does not know, a named option under `extra`, data_parallel_size > 1
+    for an engine built in the job, a speculative_config the serving check cannot take. Each is
+    named by its key before any job runs; the names come from the installed vLLM's source."""
+    import dataclasses
+
+    from vllm.config.speculative import SpeculativeConfig
+    from vllm.engine.arg_utils import EngineArgs
+
+    assert vllm_dataclass_fields("engine.arg_utils", "EngineArgs") == {
+        field.name for field in dataclasses.fields(EngineArgs)
+    }
+    assert vllm_dataclass_fields("config.speculative", "SpeculativeConfig") == {
+        field.name for field in dataclasses.fields(SpeculativeConfig)
+    }
+    assert engine_option_problems(_validated({})) == []
+    deployment = {"draft_tensor_parallel_size": 8, "quantization": "fp8", "enforce_eager": True}
+    config = _validated(
+        {
+            "engine": {"extra": {"swap_space": 4, "max_num_seqs": 8, "enforce_eager": True}},
+            "generation": {"engine": {"extra": {"speculative_config": {"method": "mtp"}}}},
+            "extract": {"engine": {"data_parallel_size": 2}},
+            "evaluate": {
+                "engine": {
+                    "extra": {
+                        "speculative_config": {
+                            **deployment,
+                            "num_speculative_tokens": 5,
+                            "draft_tensor_paralel_size": 1,
+                        }
+                    }
+                }
+            },
+        }
+    )
+    assert engine_option_problems(config) == [
+        "engine.extra.swap_space: not an engine argument of the installed vLLM",
+        "engine.extra.max_num_seqs: engine.max_num_seqs is a key of its own: set it there",
+        "generation.engine.extra.speculative_config: only the serving check serves a drafter; "
+        "set it as evaluate.engine.extra.speculative_config",
+        "evaluate.engine.extra.speculative_config.num_speculative_tokens: set by the serving "
+        "check (evaluate.serving_k and other_served_ks)",
+        "evaluate.engine.extra.speculative_config.draft_tensor_paralel_size: not a "
+        "speculative_config field of the installed vLLM (did you mean "
+        "draft_tensor_parallel_size?)",
+        "extract.engine.data_parallel_size: 2: extract builds its engine in the job (backend "
+        "vllm) and vLLM's LLM runs one replica per process; run shard jobs side by side "
+        "instead, or use extract.backend: server with a server started with "
+        "--data-parallel-size",
+    ]
+    config["extract"]["backend"] = "server"  # a server takes replicas
+    assert not [p for p in engine_option_problems(config) if "data_parallel_size" in p]
+
+    # What passes goes where the drafter serves, under the check's own settings; the engines
+    # without the drafter (the plain target, n-gram) get none of it.
+    from eagleflow.spec_decode import deployed_speculative_config, eagle3_config
+
+    options = engine_options(_validated({"evaluate": {"engine": {"extra": {
+        "speculative_config": deployment, "max_logprobs": 0}}}}), "evaluate")  # fmt: skip
+    served, rest = deployed_speculative_config(eagle3_config("drafter", 3), options)
+    assert served == {**deployment, **eagle3_config("drafter", 3)}
+    assert rest == {"max_logprobs": 0}
+    ngram = {"method": "ngram", "num_speculative_tokens": 3}
+    assert deployed_speculative_config(ngram, options) == (ngram, rest)
+    assert deployed_speculative_config(None, options) == (None, rest)
+
+
+def test_extraction_server_flags_win_over_the_users() -> None:
+    """A user's server flag (vLLM takes the last of a repeated flag) cannot turn off what the
+    extraction needs: its flags come last."""
+    from eagleflow.extraction_server import serve_command
+
+    command = serve_command(
+        "target", "127.0.0.1", 8000, 512, extra=["--enable-prefix-caching"],
+        extract_layer_ids=[1, 2], storage_dir="states",
+    )  # fmt: skip
+    assert command.index("--no-enable-prefix-caching") > command.index("--enable-prefix-caching")
 
 
 def test_engine_options_as_server_flags_and_world_size() -> None:

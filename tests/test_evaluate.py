@@ -196,10 +196,13 @@ def test_serving_check_samples_with_the_users_top_k_and_top_p(demo_copy: Path) -
 
     shards = sorted((demo_copy / "results/hidden").glob("shard-*.zarr"))
     prompts = heldout_prompts(shards, 0.05, 8)
-    # float32: a bf16 engine's logits tie often enough for top_k 1 to keep two tokens
+    # float32: a bf16 engine's logits tie often enough for top_k 1 to keep two tokens. A
+    # deployment's speculative settings (evaluate.engine.extra) reach the real engine too.
+    deployment = {"speculative_config": {"draft_tensor_parallel_size": 1}}
     runs, _ = serve(
         demo_copy / "results/demo/target", prompts, max_tokens=32, max_model_len=1024,
-        temperatures=[0.0, 1.0], limits=SamplingLimits(top_k=1), options={"dtype": "float32"},
+        temperatures=[0.0, 1.0], limits=SamplingLimits(top_k=1),
+        options={"dtype": "float32", **deployment},
         speculative_config=eagle3_config(demo_copy / "results/drafter/vllm", 3),
     )  # fmt: skip
     greedy, top_1 = runs[0.0], runs[1.0]
