@@ -7,11 +7,15 @@ import csv
 import functools
 import logging
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
 from eagleflow.files import atomic_output
 from eagleflow.fingerprint import code_digests
+
+if TYPE_CHECKING:
+    from eagleflow.recipe import Optimizers, WeightAverage
 
 log = logging.getLogger("eagleflow.checkpoints")
 KEEP_CHECKPOINTS = 2
@@ -31,7 +35,12 @@ def checkpoint_paths(directory: Path) -> list[Path]:
 
 
 def save_checkpoint(
-    directory: Path, step: int, model, optimizer, fingerprint: str, average=None
+    directory: Path,
+    step: int,
+    model: torch.nn.Module,
+    optimizer: Optimizers,
+    fingerprint: str,
+    average: WeightAverage | None = None,
 ) -> Path:
     state = {
         "step": step,
@@ -87,7 +96,7 @@ class MetricsLog:
             with path.open() as f:
                 rows = list(csv.DictReader(f, delimiter="\t"))
             rows = [row for row in rows if int(row["step"]) <= resume_step]
-        with path.open("w", newline="") as f:
+        with atomic_output(path) as tmp, tmp.open("w", newline="") as f:  # a crash keeps them
             writer = csv.DictWriter(f, self.columns, delimiter="\t")
             writer.writeheader()
             writer.writerows(rows)

@@ -104,7 +104,10 @@ class EagleflowHiddenStatesConnector(ExampleHiddenStatesConnector):
             lock_fd = os.open(pending.filename + ".lock", os.O_CREAT | os.O_WRONLY, 0o644)
             fcntl.flock(lock_fd, fcntl.LOCK_EX)
         try:
-            save_file(tensors, pending.filename)  # writes the view's own rows only
+            # Under its final name only when whole: a failed write leaves no file that the
+            # reader, seeing the lock released, would take for the states.
+            save_file(tensors, pending.filename + ".tmp")  # writes the view's own rows only
+            os.replace(pending.filename + ".tmp", pending.filename)
         finally:
             if lock_fd is not None:
                 os.close(lock_fd)  # releases the lock: readers may load the file

@@ -268,7 +268,7 @@ def generate_completions(
 def response_records(
     requests: list[dict],
     completions: list[Completion],
-    tokenizer,
+    tokenizer: Any,  # the target's (transformers' or its own remote-code class)
     on_truncated: str,
 ) -> tuple[list[dict], int]:
     """Join requests and completions into output records; drop truncated ones if asked.

@@ -39,7 +39,9 @@ class SampleRef:
     num_tokens: int
 
 
-def list_samples(shard_paths: Sequence[str | Path], heldout_fraction: float, split: str):
+def list_samples(
+    shard_paths: Sequence[str | Path], heldout_fraction: float, split: str
+) -> list[SampleRef]:
     """References to the samples of one split ("train" or "heldout"), in shard order."""
     refs = []
     for shard_index, path in enumerate(shard_paths):

@@ -29,7 +29,10 @@ def lr_at(
 
 
 def init_head_from_target(
-    model: nn.Module, target_norm: torch.Tensor, target_lm_head: torch.Tensor, draft_ids
+    model: nn.Module,
+    target_norm: torch.Tensor,
+    target_lm_head: torch.Tensor,
+    draft_ids: torch.Tensor,
 ) -> None:
     """Start the drafter's final norm and lm_head as the target's, restricted to the draft
     vocab: step 0's logits are then the target's own for a drafter that reproduces the target's

@@ -18,6 +18,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -184,7 +185,9 @@ def _batch_terms(
 
 
 @torch.no_grad()
-def evaluate(model, head, s: TrainSettings, draft_ids: torch.Tensor) -> dict[str, float]:
+def evaluate(
+    model: torch.nn.Module, head: TargetHead, s: TrainSettings, draft_ids: torch.Tensor
+) -> dict[str, float]:
     """Held-out loss_k and acc_k (draft argmax == target argmax) over the held-out split."""
     refs = list_samples(s.shards, s.heldout_fraction, "heldout")
     if not refs:
@@ -382,7 +385,7 @@ def _log_eval(model, head, s, draft_ids, step, metrics_log) -> dict[str, float]:
 
 
 @contextlib.contextmanager
-def _distributed() -> None:
+def _distributed() -> Iterator[None]:
     """Join the torchrun process group when launched by torchrun (gloo on CPU, nccl on GPU)."""
     if int(os.environ.get("WORLD_SIZE", "1")) > 1:
         dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from eagleflow.demo import corpus, target
-from eagleflow.files import sha256_file
+from eagleflow.files import atomic_output, sha256_file
 from eagleflow.logs import InputError
 
 SHIPPED_DIR = Path(__file__).with_name("shipped_target")
@@ -46,26 +46,22 @@ def _target_files(directory: Path) -> dict[str, str]:
 
 def copy_shipped(out_dir: str | Path, manifest: dict[str, Any]) -> None:
     """Copy the shipped target to `out_dir` (replacing it whole), each file checked first."""
-    out_dir = Path(out_dir)
-    staging = out_dir.with_name(f".{out_dir.name}.tmp")
-    shutil.rmtree(staging, ignore_errors=True)
-    staging.mkdir(parents=True)
-    for name, expected in manifest["files"].items():
-        source = SHIPPED_DIR / name
-        problem = None
-        if not source.is_file():
-            problem = f"listed in {MANIFEST.name} but missing"
-        else:
-            shutil.copyfile(source, staging / name)
-            if sha256_file(staging / name) != expected:
-                problem = f"sha256 differs from {MANIFEST.name}"
-        if problem:
-            shutil.rmtree(staging)
-            raise InputError(
-                f"{source}: {problem}; restore it from git "
-                "(`git checkout -- eagleflow/demo/shipped_target`)"
-            )
-    target.replace_directory(staging, out_dir)
+    with atomic_output(out_dir) as staging:
+        staging.mkdir()
+        for name, expected in manifest["files"].items():
+            source = SHIPPED_DIR / name
+            problem = None
+            if not source.is_file():
+                problem = f"listed in {MANIFEST.name} but missing"
+            else:
+                shutil.copyfile(source, staging / name)
+                if sha256_file(staging / name) != expected:
+                    problem = f"sha256 differs from {MANIFEST.name}"
+            if problem:
+                raise InputError(
+                    f"{source}: {problem}; restore it from git "
+                    "(`git checkout -- eagleflow/demo/shipped_target`)"
+                )
 
 
 def provide_demo_target(out_dir: str | Path, **settings: Any) -> dict[str, Any]:

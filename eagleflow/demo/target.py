@@ -8,7 +8,6 @@ is a fixed number of steps, never a time budget.
 import math
 import os
 import random
-import shutil
 import sys
 import time
 from pathlib import Path
@@ -24,6 +23,7 @@ from tqdm import tqdm
 from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
 from eagleflow.demo.corpus import training_conversations
+from eagleflow.files import atomic_output
 from eagleflow.precision import native_bf16
 
 BOS, EOS, PAD = "<|begin|>", "<|end|>", "<|pad|>"
@@ -219,16 +219,6 @@ def _train(
     return losses
 
 
-def replace_directory(staging: Path, out_dir: Path) -> None:
-    """Move a complete staging directory onto `out_dir`, replacing what was there."""
-    retired = out_dir.with_name(f".{out_dir.name}.old")
-    shutil.rmtree(retired, ignore_errors=True)
-    if out_dir.exists():
-        out_dir.rename(retired)
-    staging.rename(out_dir)
-    shutil.rmtree(retired, ignore_errors=True)
-
-
 def build_demo_target(
     out_dir: str | Path,
     *,
@@ -285,18 +275,15 @@ def build_demo_target(
             learning_rate=learning_rate,
         )
 
-        staging = out_dir.with_name(f".{out_dir.name}.tmp")
-        shutil.rmtree(staging, ignore_errors=True)
-        staging.parent.mkdir(parents=True, exist_ok=True)
         model.config.dtype = torch.bfloat16
         model.generation_config = GenerationConfig(
             bos_token_id=config.bos_token_id,
             eos_token_id=config.eos_token_id,
             pad_token_id=config.pad_token_id,
         )
-        model.to(torch.bfloat16).save_pretrained(staging)
-        tokenizer.save_pretrained(staging)
-        replace_directory(staging, out_dir)
+        with atomic_output(out_dir) as staging:
+            model.to(torch.bfloat16).save_pretrained(staging)
+            tokenizer.save_pretrained(staging)
     finally:
         torch.set_num_threads(previous_threads)
         torch.use_deterministic_algorithms(previous_deterministic)
