@@ -24,7 +24,6 @@ rule extract:
     params:
         **engine_params("extract"),
         backend=config["extract"]["backend"],
-        server_url=config["extract"]["server_url"],
         aux_layer_ids=aux_layer_ids,
         codec=config["extract"]["codec"],
         chunk_mib=config["extract"]["chunk_mib"],

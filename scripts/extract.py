@@ -21,7 +21,9 @@ if __name__ == "__main__":  # vLLM spawns worker processes that re-import this m
             chunk_bytes=int(params.chunk_mib * 2**20),
             max_model_len=params.max_model_len,
             batch_tokens=extract["batch_tokens"],
-            server_url=servers_for_shard(server_urls(params.server_url), snakemake.wildcards.shard),
+            server_url=servers_for_shard(
+                server_urls(extract["server_url"]), snakemake.wildcards.shard
+            ),
             server_concurrency=extract["server_concurrency"],
             encode_threads=snakemake.threads,
             engine_options=engine_options(snakemake.config, "extract"),

@@ -240,8 +240,7 @@ def test_target_without_tokenizer_fails_the_dry_run_naming_it(tmp_path: Path) ->
         ('{"architectures": ["LlamaForCausalLM"],', "config.json: not JSON"),
         (
             '{"architectures": ["KimiK25ForConditionalGeneration"], "text_config": {}}',
-            "config.json: the decoder's settings (text_config) lack num_hidden_layers, "
-            "hidden_size",
+            "config.json: the decoder's settings (text_config) lack num_hidden_layers, hidden_size",
         ),
     ],
     ids=["not-json", "no-layer-count"],

@@ -24,12 +24,16 @@ def scheduled_rules(workdir: Path, *args: str) -> dict[str, int]:
 
 
 def test_speed_options_rerun_nothing(demo_copy: Path) -> None:
+    """Nor do servers' addresses: servers restarted on other nodes must not rerun hours of
+    extraction."""
+    urls = {"server_url": ["http://node-7:8001", "http://node-8:8001"]}
     write_config(
         demo_copy,
         {
             "engine": {"max_num_seqs": 8, "gpu_memory_utilization": 0.5, "data_parallel_size": 1},
-            "extract": {"engine": {"max_num_batched_tokens": 4096}},
-            "evaluate": {"engine": {"max_num_seqs": 4}},
+            "generation": urls,
+            "extract": {"engine": {"max_num_batched_tokens": 4096}, **urls},
+            "evaluate": {"engine": {"max_num_seqs": 4}, "server_url": "http://node-9:8002"},
         },
     )
     assert scheduled_rules(demo_copy) == {}
