@@ -37,6 +37,7 @@ from eagleflow.export import RECIPE_FLAGS, export_speculators, export_vllm
 from eagleflow.files import atomic_output
 from eagleflow.loader import TrainBatches, list_samples, make_loader, pack_batches, window_tokens
 from eagleflow.logs import InputError, setup_job_logging
+from eagleflow.manifest import manifest_path
 from eagleflow.precision import native_bf16
 from eagleflow.progress import token_progress
 from eagleflow.recipe import WeightAverage, build_optimizer, init_head_from_target, lr_at
@@ -117,10 +118,20 @@ class TrainSettings:
 
 
 def _shard_identity(path: str) -> str:
-    """Name and metadata of a shard (its attributes carry counts and fingerprints)."""
-    return (
-        Path(path).name + ":" + hashlib.sha256((Path(path) / "zarr.json").read_bytes()).hexdigest()
-    )
+    """A shard's name and content: its manifest (the sha256 of every file of the store), so
+    that states extracted anew (another engine dtype, a repair that came back different) under
+    the same metadata start training over rather than resume the old states' checkpoints.
+    Without a manifest (a store made outside the workflow): its files' sizes and times."""
+    store = Path(path)
+    manifest = manifest_path(store)
+    if manifest.is_file():
+        content = manifest.read_bytes()
+    else:
+        files = sorted(p for p in store.rglob("*") if p.is_file())
+        content = (store / "zarr.json").read_bytes() + json.dumps(
+            [(str(p.relative_to(store)), p.stat().st_size, p.stat().st_mtime_ns) for p in files]
+        ).encode()
+    return store.name + ":" + hashlib.sha256(content).hexdigest()
 
 
 def _padding_batch(cfg: DrafterConfig, length: int, device: torch.device) -> dict:
@@ -274,8 +285,11 @@ def train_drafter(s: TrainSettings) -> dict[str, float]:
         start = state["step"]
         log.info("resuming from checkpoint %s at step %d of %d", state["path"], start, s.steps)
     else:
-        for stale in checkpoint_paths(checkpoint_dir):
-            stale.unlink()
+        if rank == 0:
+            for stale in checkpoint_paths(checkpoint_dir):
+                stale.unlink(missing_ok=True)
+        if world > 1:
+            dist.barrier()  # the other ranks save none before rank 0 has cleared them
         log.info("starting from step 0 of %d (no checkpoint of this run)", s.steps)
     if world > 1:
         device_ids = [device.index] if device.type == "cuda" else None

@@ -150,6 +150,34 @@ def test_checkpoints_of_other_training_code_are_not_resumed(
     assert "the training code changed (eagleflow.drafter)" in caplog.text
 
 
+def test_checkpoints_of_other_states_under_the_same_metadata_are_not_resumed(
+    demo_run: Path, tmp_path: Path
+) -> None:
+    """States extracted anew with other numbers but the same counts, ids and fingerprints (an
+    extract engine dtype changed, a repair that came back different) change the training's
+    fingerprint: the retrain starts over instead of resuming, at its last step, the drafter of
+    the old states."""
+    from eagleflow.manifest import store_checksums, write_manifest
+
+    hidden = tmp_path / "hidden"
+    shutil.copytree(demo_run / "results/hidden", hidden)
+    store = hidden / "shard-00000.zarr"
+    settings = TrainSettings(
+        shards=sorted(str(p) for p in hidden.glob("shard-*.zarr")),
+        vocab=str(demo_run / "results/vocab/vocab.safetensors"),
+        target=str(demo_run / "results/demo/target"),
+        out_vllm="", out_speculators="", metrics="", checkpoint_dir="",
+    )  # fmt: skip
+    before = settings.fingerprint()
+    chunk = next(p for p in sorted((store / "aux").rglob("*")) if p.is_file())
+    chunk.write_bytes(chunk.read_bytes()[:-1] + bytes([chunk.read_bytes()[-1] ^ 1]))
+    write_manifest(store, store_checksums(store))  # as the re-extraction's writer does
+    assert (store / "zarr.json").read_bytes() == (
+        demo_run / "results/hidden/shard-00000.zarr/zarr.json"
+    ).read_bytes()
+    assert settings.fingerprint() != before
+
+
 def test_two_torchrun_processes_follow_the_one_process_loss_curve(
     demo_run: Path, tmp_path: Path
 ) -> None:
