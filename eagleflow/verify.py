@@ -2,8 +2,9 @@
 
     python -m eagleflow.verify [--results results]
 
-Reads every chunk (crc32c makes a flipped bit fail loudly), checks shapes, offsets, attributes
-and that each shard holds exactly the samples `prepare` wrote for it. Exit status 1 when any
+Reads every chunk (crc32c makes a flipped bit fail loudly), checks shapes, offsets, attributes,
+the metadata files against the shard's manifest, and that each shard holds exactly the samples
+`prepare` wrote for it. Exit status 1 when any
 shard is corrupt or missing.
 """
 
@@ -15,7 +16,8 @@ import shlex
 import sys
 from pathlib import Path
 
-from eagleflow.files import read_jsonl
+from eagleflow.files import read_jsonl, sha256_file
+from eagleflow.manifest import manifest_path, read_manifest
 from eagleflow.shards import open_shard, verify_shard
 
 
@@ -24,12 +26,27 @@ def shard_problems(results: Path, shard: str) -> list[str]:
     store = results / "hidden" / f"shard-{shard}.zarr"
     if not store.exists():
         return [f"{store}: missing"]
-    problems = verify_shard(store)
+    problems = verify_shard(store) + metadata_problems(store)
     tokens = results / "tokens" / f"shard-{shard}.jsonl"
     if not problems and tokens.exists():
         expected = [s["id"] for s in read_jsonl(tokens)]
         if open_shard(store).sample_ids != expected:
             problems.append(f"{store}: sample ids differ from {tokens}")
+    return problems
+
+
+def metadata_problems(store: Path) -> list[str]:
+    """The store's manifest, written once the store is complete, and its metadata files (which
+    no chunk checksum covers: a flipped layer id would pass) against it. Chunks are checked by
+    their checksums instead of rehashing hundreds of GB here."""
+    recorded = read_manifest(store)
+    if recorded is None:
+        return [f"{manifest_path(store)}: missing (written once the shard is complete)"]
+    problems = []
+    for name in sorted(n for n in recorded if Path(n).name == "zarr.json"):
+        path = store / name
+        if not path.is_file() or sha256_file(path) != recorded[name]:
+            problems.append(f"{path}: differs from {manifest_path(store)}")
     return problems
 
 

@@ -216,6 +216,9 @@ def test_reading_a_corrupt_chunk_names_the_file(clean_shard: Path, tmp_path: Pat
     shard.sample(0)  # in intact chunks
     with pytest.raises(ValueError, match=rf"aux/c/{last_chunk}/0/0: crc32c checksum mismatch"):
         list(shard.iter_samples())
+    chunk.write_bytes(b"")  # the crc32c of nothing is an empty checksum's 0
+    with pytest.raises(ValueError, match=rf"aux/c/{last_chunk}/0/0: crc32c checksum mismatch"):
+        list(open_shard(path).iter_samples())
     chunk.unlink()
     with pytest.raises(FileNotFoundError, match=rf"aux/c/{last_chunk}/0/0: chunk file missing"):
         list(open_shard(path).iter_samples())

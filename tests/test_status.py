@@ -117,6 +117,25 @@ def test_verify_names_the_corrupt_and_missing_shards_and_the_repair_command(
     ) in out
 
 
+def test_verify_checks_the_metadata_and_the_manifest(tmp_path: Path) -> None:
+    """No chunk checksum covers the metadata: a flipped layer id (same length, shapes intact)
+    and a store whose manifest was never written (a crash between the two) are named."""
+    results = fake_results(tmp_path, [[80] * 2] * 3, done=3)
+    metadata = results / "hidden/shard-00000.zarr/zarr.json"
+    metadata.write_text(
+        metadata.read_text().replace('"aux_layer_ids": [\n      2,', '"aux_layer_ids": [\n      3,')
+    )
+    assert '"aux_layer_ids": [\n      3,' in metadata.read_text()
+    (results / "hidden/shard-00002.sha256").unlink()
+    report = verify_results(results)
+    assert report == {
+        "00000": [f"{metadata}: differs from {results}/hidden/shard-00000.sha256"],
+        "00002": [
+            f"{results}/hidden/shard-00002.sha256: missing (written once the shard is complete)"
+        ],
+    }
+
+
 def test_verify_checks_samples_against_prepared_tokens(tmp_path: Path) -> None:
     results = fake_results(tmp_path, [[50, 60]], done=1)
     tokens = results / "tokens/shard-00000.jsonl"

@@ -131,11 +131,16 @@ class _ChunkFiles:
         except FileNotFoundError:
             raise FileNotFoundError(f"{path}: chunk file missing; run verify") from None
         data: Any = np.frombuffer(raw, dtype=np.uint8)[:-4]
-        if google_crc32c.value(data) != int.from_bytes(raw[-4:], "little"):
+        # An empty file would pass: the crc32c of nothing is 0, as is an empty checksum.
+        if len(raw) < 4 or google_crc32c.value(data) != int.from_bytes(raw[-4:], "little"):
             raise ValueError(f"{path}: crc32c checksum mismatch, the chunk is corrupt; run verify")
-        for step in reversed(self.steps):
-            data = step.decode(data)
-        return np.frombuffer(data, dtype=self.dtype.newbyteorder("<")).reshape(self.chunk_shape)
+        try:
+            for step in reversed(self.steps):
+                data = step.decode(data)
+            values = np.frombuffer(data, dtype=self.dtype.newbyteorder("<"))
+            return values.reshape(self.chunk_shape)
+        except (RuntimeError, ValueError) as err:
+            raise ValueError(f"{path}: does not decode ({err}); run verify") from None
 
 
 class ChunkCache:
