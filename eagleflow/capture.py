@@ -81,17 +81,16 @@ class ShardFormat:
 
 
 def _generate_vllm(
-    model_dir: str | Path,
+    llm: Any,
     requests: list[dict],
     sampling: Sampling,
     layer_ids: list[int],
     *,
-    max_model_len: int,
     max_pending_bytes: int,
     hidden_size: int,
-    options: Mapping[str, Any] | None = None,
 ) -> Iterator[Captured]:
-    """Generate with an in-process extraction engine; yield in request order."""
+    """Generate with an in-process extraction engine (`capture_engine`); yield in request
+    order."""
     prompts = [r["prompt_token_ids"] for r in requests]
     params = [
         vllm_sampling_params(
@@ -104,20 +103,31 @@ def _generate_vllm(
     # States of a request in flight or waiting: at most its prompt and max_new_tokens.
     budgets = [len(p) + sampling.max_new_tokens for p in prompts]
     max_pending_tokens = max_pending_bytes // (len(layer_ids) * hidden_size * 2)
-    # The generation engine's mode (eager on CPU), not the extraction engine's compiled one:
-    # compiled, 64 of 258 demo answers came out different from the generate stage's at greedy
-    # near-ties, and compiling took longer than generating the shard.
+    for i, out, path in finished_in_order(llm, prompts, params, budgets, max_pending_tokens):
+        yield i, vllm_completion(out), take_states(path)
+
+
+def capture_engine(
+    model_dir: str | Path,
+    layer_ids: list[int],
+    *,
+    seed: int,
+    max_model_len: int,
+    options: Mapping[str, Any] | None = None,
+) -> contextlib.AbstractContextManager:
+    """The in-process engine that generates and captures. In the generation engine's mode
+    (eager on CPU), not the extraction engine's compiled one: compiled, 64 of 258 demo answers
+    came out different from the generate stage's at greedy near-ties, and compiling took
+    longer than generating the shard."""
     eager = {"enforce_eager": default_enforce_eager()}
-    with extraction_engine(
+    return extraction_engine(
         model_dir,
         layer_ids,
-        seed=sampling.seed,
+        seed=seed,
         max_model_len=max_model_len,
         engine_kwargs=eager,
         options=options,
-    ) as llm:
-        for i, out, path in finished_in_order(llm, prompts, params, budgets, max_pending_tokens):
-            yield i, vllm_completion(out), take_states(path)
+    )
 
 
 def _generate_server(
@@ -219,6 +229,7 @@ def generate_and_capture_shard(
     start = time.monotonic()
     with (
         failures,
+        contextlib.ExitStack() as engine,
         new_shard_writer(
             model_dir,
             hidden_path,
@@ -231,15 +242,19 @@ def generate_and_capture_shard(
     ):
         layer_ids = [*writer.aux_layer_ids, writer.last_layer_id]
         if backend == "vllm":
+            # Built before the clock and the bar start: a 1T target's load is no generation.
+            llm = engine.enter_context(
+                capture_engine(model_dir, layer_ids, seed=sampling.seed,
+                               max_model_len=max_model_len, options=engine_options)
+            )  # fmt: skip
+            start = time.monotonic()
             captured = _generate_vllm(
-                model_dir,
+                llm,
                 requests,
                 sampling,
                 layer_ids,
-                max_model_len=max_model_len,
                 max_pending_bytes=max_pending_bytes,
                 hidden_size=writer.hidden_size,
-                options=engine_options,
             )
         else:
             captured = _generate_server(

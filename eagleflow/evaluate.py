@@ -26,6 +26,7 @@ from eagleflow.export import load_drafter
 from eagleflow.files import write_json
 from eagleflow.loader import list_samples
 from eagleflow.logs import InputError
+from eagleflow.progress import token_progress
 from eagleflow.sampled import (
     DRAFT_SAMPLE_METHODS,
     WALKS,
@@ -99,36 +100,38 @@ def offline_acceptance(
     per_t = {t: {k: {"accepted": [], "past_end": []} for k in ks} for t in sampled}
     generator = torch.Generator().manual_seed(0)
     shards = {}
-    for ref in refs:
-        shard = shards.setdefault(ref.shard, open_shard(shard_paths[ref.shard]))
-        sample = shard.sample(ref.index)
-        ids = sample["input_ids"]
-        aux = sample["aux"].reshape(len(ids), -1).float()[None]
-        outputs = model(aux, ids[None], head.embed, steps)
-        length = len(ids)
-        # drafted[step, t]: the target id drafted at slot t for token t + 2 + step.
-        drafted = torch.stack([draft_ids[model.logits(out[0]).argmax(-1)] for out in outputs])
-        matches = torch.zeros(steps, length, dtype=torch.bool)
-        for step in range(steps):
-            span = max(0, length - 2 - step)
-            matches[step, :span] = drafted[step, :span] == ids[2 + step : 2 + step + span]
-        start = response_start(sample["loss_mask"])
-        for k in ks:
-            accepted, past_end = simulate_chain(matches, start, length, k)
-            per_k[k]["accepted"] += accepted
-            per_k[k]["past_end"] += past_end
-        for temperature in sampled:
-            accept = acceptance_probabilities(
-                head, sample["last"], drafted, temperature,
-                partial(_step_logits, model, outputs)
-                if draft_sample_method == "probabilistic" else None,
-                draft_ids, limits=limits,
-            )  # fmt: skip
+    with token_progress(len(refs), "evaluate (offline)") as progress:
+        for ref in refs:
+            shard = shards.setdefault(ref.shard, open_shard(shard_paths[ref.shard]))
+            sample = shard.sample(ref.index)
+            ids = sample["input_ids"]
+            aux = sample["aux"].reshape(len(ids), -1).float()[None]
+            outputs = model(aux, ids[None], head.embed, steps)
+            length = len(ids)
+            # drafted[step, t]: the target id drafted at slot t for token t + 2 + step.
+            drafted = torch.stack([draft_ids[model.logits(out[0]).argmax(-1)] for out in outputs])
+            matches = torch.zeros(steps, length, dtype=torch.bool)
+            for step in range(steps):
+                span = max(0, length - 2 - step)
+                matches[step, :span] = drafted[step, :span] == ids[2 + step : 2 + step + span]
+            start = response_start(sample["loss_mask"])
             for k in ks:
-                for _ in range(WALKS):
-                    accepted, past_end = walk_expected(accept, start, length, k, generator)
-                    per_t[temperature][k]["accepted"] += accepted
-                    per_t[temperature][k]["past_end"] += past_end
+                accepted, past_end = simulate_chain(matches, start, length, k)
+                per_k[k]["accepted"] += accepted
+                per_k[k]["past_end"] += past_end
+            for temperature in sampled:
+                accept = acceptance_probabilities(
+                    head, sample["last"], drafted, temperature,
+                    partial(_step_logits, model, outputs)
+                    if draft_sample_method == "probabilistic" else None,
+                    draft_ids, limits=limits,
+                )  # fmt: skip
+                for k in ks:
+                    for _ in range(WALKS):
+                        accepted, past_end = walk_expected(accept, start, length, k, generator)
+                        per_t[temperature][k]["accepted"] += accepted
+                        per_t[temperature][k]["past_end"] += past_end
+            progress.advance(1, length)
     by_k = {str(k): _summary(v["accepted"], v["past_end"], k) for k, v in per_k.items()}
     by_temperature = {"0.0": {"by_k": by_k}} if 0.0 in temperatures else {}
     for temperature, walks in per_t.items():

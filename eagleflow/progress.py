@@ -3,10 +3,18 @@
 from __future__ import annotations
 
 import contextlib
+import logging
+import sys
+import time
 from collections.abc import Iterator
 from typing import Any
 
 from tqdm import tqdm
+
+# The bar stays on stderr; every this many seconds its line also goes to the job's log (which
+# Snakemake points the user to), so an hours-long job's log says how far it is.
+LOG_EVERY_S = 300.0
+log = logging.getLogger("eagleflow.progress")
 
 
 class TokenProgress:
@@ -16,6 +24,7 @@ class TokenProgress:
         self.bar = bar
         self.tokens = 0
         self.figures: dict[str, Any] = {}
+        self.logged_at = time.monotonic()
 
     def advance(self, items: int, tokens: int, **postfix: Any) -> None:
         """`items` more done, `tokens` more processed; `postfix` sets figures shown until
@@ -25,6 +34,10 @@ class TokenProgress:
         rate = self.tokens / max(self.bar.format_dict["elapsed"], 1e-9)
         self.bar.set_postfix(**self.figures, tok_s=f"{rate:.0f}", refresh=False)
         self.bar.update(items)
+        now = time.monotonic()
+        if not self.bar.disable and now - self.logged_at >= LOG_EVERY_S:
+            self.logged_at = now
+            log.info("%s", self.bar)
 
 
 @contextlib.contextmanager
@@ -39,6 +52,7 @@ def token_progress(
         unit=unit,
         disable=disable,
         dynamic_ncols=True,
-        mininterval=1.0,
+        # Not a terminal (a SLURM job's output file): a line every 30 s, not every second.
+        mininterval=1.0 if sys.stderr.isatty() else 30.0,
     ) as bar:
         yield TokenProgress(bar)

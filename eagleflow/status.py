@@ -15,7 +15,6 @@ import logging
 import math
 import os
 import shutil
-import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -118,12 +117,15 @@ def extraction_status(
     tokens_total = sum(counts.values())
     tokens_done = sum(tokens for _, tokens, _ in done)
     stored = sum(size for _, _, size in done)
+    # Stores being written (or left by a killed job, removed when it reruns) hold space already
+    # taken from what is free: not counted again as still to write.
+    in_progress = sum(_stored_bytes(p) for p in (results / "hidden").glob(".tmp-shard-*"))
     raw_done = tokens_done * per_token
     ratio = raw_done / stored if stored else None
     # Before any shard exists, assume no compression: a projection may be high, never low.
     floor = uncompressed_ratio(codec, num_aux, hidden_size)
     projected = int(tokens_total * per_token / (ratio or floor))
-    remaining = max(projected - stored, 0)
+    remaining = max(projected - stored - in_progress, 0)
     rate = None
     recent = sorted(done)[-window:]
     if len(recent) >= 2 and recent[-1][0] > recent[0][0]:
@@ -143,7 +145,7 @@ def extraction_status(
         remaining_bytes=remaining,
         tokens_per_s=round(rate, 1) if rate else None,
         eta_s=round(eta) if eta is not None else None,
-        free_bytes=free_bytes(results),
+        free_bytes=free_bytes(results / "hidden"),  # hidden/ may be a link to another disk
     )
 
 
@@ -212,11 +214,21 @@ def human_bytes(n: float) -> str:
     raise AssertionError("unreachable")
 
 
+def human_seconds(seconds: float) -> str:
+    """`1d 06:00:00` style: hours do not roll over at 24."""
+    minutes, secs = divmod(round(seconds), 60)
+    hours, minutes = divmod(minutes, 60)
+    days, hours = divmod(hours, 24)
+    return (f"{days}d " if days else "") + f"{hours:02d}:{minutes:02d}:{secs:02d}"
+
+
 def format_status(status: ExtractionStatus) -> str:
     """The status as a few lines a person reads."""
     pct = 100 * status.tokens_done / status.tokens_total if status.tokens_total else 0.0
     ratio = f"{status.compression_ratio:.3f}x" if status.compression_ratio else "n/a (no shard yet)"
-    eta = time.strftime("%H:%M:%S", time.gmtime(status.eta_s)) if status.eta_s else "n/a"
+    eta = human_seconds(status.eta_s) if status.eta_s else "n/a"
+    if status.tokens_total and status.tokens_done == status.tokens_total:
+        eta = "done"
     rate = f"{status.tokens_per_s:,.0f} tok/s" if status.tokens_per_s else "n/a"
     total_kind = "exact" if status.tokens_total_exact else "estimated from the plan"
     return "\n".join(
@@ -249,8 +261,15 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--config", default="config.yaml", type=Path)
     parser.add_argument("--json", action="store_true", help="print JSON instead of text")
     args = parser.parse_args(argv)
+    if not args.config.is_file():
+        parser.error(f"{args.config}: no such config file (--config)")
+    if not (args.results / "plan" / "plan.json").is_file():
+        parser.error(f"{args.results}/plan/plan.json: not planned yet (run the workflow first)")
     config = yaml.safe_load(args.config.read_text())
-    num_aux, hidden_size = target_shape(config, args.results)
+    try:
+        num_aux, hidden_size = target_shape(config, args.results)
+    except (FileNotFoundError, InputError) as err:
+        parser.error(f"the target's config.json: {err}")
     codec = (config.get("extract") or {}).get("codec")
     status = extraction_status(args.results, num_aux=num_aux, hidden_size=hidden_size, codec=codec)
     print(json.dumps(asdict(status), indent=2) if args.json else format_status(status))

@@ -365,6 +365,8 @@ def train_drafter(s: TrainSettings) -> dict[str, float]:
                 save_checkpoint(checkpoint_dir, step, model, optimizer, fingerprint, average)
             if s.eval_every and step % s.eval_every == 0 and step < s.steps:
                 _log_eval(model, head, s, draft_ids, step, metrics_log)
+            if step % s.checkpoint_every == 0 or (s.eval_every and step % s.eval_every == 0):
+                rate_tokens, rate_start = 0, time.perf_counter()  # tokens/s of training only
     if average is not None:  # the averaged weights are evaluated and exported
         average.copy_to_model()
     final = _log_eval(model, head, s, draft_ids, step, metrics_log)

@@ -143,3 +143,20 @@ def test_verify_checks_samples_against_prepared_tokens(tmp_path: Path) -> None:
     rows[1]["id"] = "other"
     write_jsonl(tokens, rows)
     assert "sample ids differ" in verify_results(results)["00000"][0]
+
+
+def test_long_jobs_log_their_progress_and_status_eta_passes_a_day(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The bar is on stderr; its line (done/total, tokens/s, ETA) also reaches the job's log
+    every LOG_EVERY_S, and the status ETA counts days rather than rolling over at 24 h."""
+    from eagleflow import progress as progress_module
+    from eagleflow.status import human_seconds
+
+    monkeypatch.setattr(progress_module, "LOG_EVERY_S", 0.0)
+    with caplog.at_level("INFO", logger="eagleflow.progress"):
+        with progress_module.token_progress(4, "extract (test)") as bar:
+            bar.advance(1, 100)
+    assert "extract (test)" in caplog.text and "1/4" in caplog.text and "tok_s" in caplog.text
+    assert human_seconds(30 * 3600 + 61) == "1d 06:01:01"
+    assert human_seconds(59) == "00:00:59"
