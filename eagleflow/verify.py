@@ -4,8 +4,7 @@
 
 Reads every chunk (crc32c makes a flipped bit fail loudly), checks shapes, offsets, attributes,
 the metadata files against the shard's manifest, and that each shard holds exactly the samples
-`prepare` wrote for it. Exit status 1 when any
-shard is corrupt or missing.
+`prepare` wrote for it. Exit status 1 when any shard is corrupt or missing.
 """
 
 from __future__ import annotations
