@@ -18,13 +18,14 @@ Arguments after `--` go to every Snakemake call (e.g. `--configfile`, `--profile
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import subprocess
 import sys
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from eagleflow.files import sha256_file
+from eagleflow.files import sha256_file, write_json
 from eagleflow.manifest import (
     SNAKEMAKE_MARKER,
     manifest_mismatches,
@@ -81,6 +82,23 @@ def snapshot(output: Path) -> Before:
     return Before(None, None)
 
 
+def journal_path(stores: list[str]) -> Path:
+    """Where a repair keeps its snapshots until it has finished (beside the stores)."""
+    return Path(stores[0]).parent / ".repair-journal.json"
+
+
+def snapshots(outputs: list[str], journal: Path) -> dict[str, Before]:
+    """The state of each output before the rerun, kept in `journal` until the repair finishes:
+    a repair killed after regenerating a shard, rerun, must compare with (and restore) what the
+    workflow consumed, not with the regenerated shard's new modification time."""
+    recorded = json.loads(journal.read_text()) if journal.is_file() else {}
+    before = {
+        out: Before(**recorded[out]) if out in recorded else snapshot(Path(out)) for out in outputs
+    }
+    write_json(journal, {**recorded, **{out: asdict(b) for out, b in before.items()}})
+    return before
+
+
 def came_back_identical(output: Path, before: Before) -> bool:
     if before.digest is None or before.mtime is None or not output.exists():
         return False
@@ -114,7 +132,8 @@ def repair(stores: list[str], cores: str, snakemake_args: list[str]) -> int:
     outputs = sorted({out for job in jobs for out in job.outputs})
     for job in jobs:
         print(f"repair: rerun {job.rule} -> {', '.join(job.outputs)}")
-    before = {out: snapshot(Path(out)) for out in outputs}
+    journal = journal_path(stores)
+    before = snapshots(outputs, journal)
     _snakemake([*options, "--", *stores], capture=False)
 
     changed = []
@@ -129,6 +148,7 @@ def repair(stores: list[str], cores: str, snakemake_args: list[str]) -> int:
             )
         else:
             changed += [out for out, ok in same.items() if not ok]
+    journal.unlink()
     if not changed:
         return 0
     for out in changed:

@@ -160,3 +160,20 @@ def test_long_jobs_log_their_progress_and_status_eta_passes_a_day(
     assert "extract (test)" in caplog.text and "1/4" in caplog.text and "tok_s" in caplog.text
     assert human_seconds(30 * 3600 + 61) == "1d 06:01:01"
     assert human_seconds(59) == "00:00:59"
+
+
+def test_a_killed_repair_rerun_compares_with_what_the_workflow_consumed(tmp_path: Path) -> None:
+    """The repair's snapshot (modification time and manifest of each shard it regenerates)
+    outlives a repair killed after the shard was rewritten: run again, it still restores the
+    time the workflow saw, not the regenerated shard's."""
+    from eagleflow.repair import journal_path, snapshots
+
+    results = fake_results(tmp_path, [[40] * 2], done=1)
+    store = str(results / "hidden/shard-00000.zarr")
+    os.utime(store, (1_000_000, 1_000_000))
+    journal = journal_path([store])
+    first = snapshots([store], journal)
+    assert first[store].mtime == 1_000_000 and journal.is_file()
+    os.utime(store)  # the killed repair had regenerated it: a new time
+    again = snapshots([store], journal)
+    assert again == first
