@@ -20,7 +20,7 @@ from pathlib import Path
 
 from eagleflow.files import read_jsonl
 from eagleflow.logs import InputError
-from eagleflow.shards import LOSSY_CODECS, open_shard, raw_bytes_per_token
+from eagleflow.shards import LOSSY_CODECS, raw_bytes_per_token
 from eagleflow.target_config import target_text_config
 
 # (2, N//2, N-3), the aux layers vLLM, SGLang and EAGLE use by default.
@@ -69,17 +69,28 @@ class ExtractionStatus:
     free_bytes: int
 
 
+def _recorded_tokens(store: Path) -> int | None:
+    """The token count a finished store's attributes record (None: none readable; the status
+    must not fail on a damaged store, which verify names)."""
+    try:
+        return int(json.loads((store / "zarr.json").read_text())["attributes"]["num_tokens"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
 def shard_token_counts(results: Path, shards: list[dict]) -> tuple[dict[str, int], bool]:
-    """Tokens per shard: exact from prepared samples or the finished shard (in one pass it comes
-    first) where they exist, else the plan's estimate."""
+    """Tokens per shard: exact from the finished shard's attributes or, before it exists, from
+    the prepared samples (whose JSONL, at the reference scale ~3M token ids a shard, every
+    extract job would otherwise parse at its start), else the plan's estimate."""
     counts, exact = {}, True
     for shard in shards:
         tokens = results / "tokens" / f"shard-{shard['shard']}.jsonl"
         store = results / "hidden" / f"shard-{shard['shard']}.zarr"
-        if tokens.exists():
+        finished = _recorded_tokens(store)
+        if finished is not None:
+            counts[shard["shard"]] = finished
+        elif tokens.exists():
             counts[shard["shard"]] = sum(s["num_tokens"] for s in read_jsonl(tokens))
-        elif (store / "zarr.json").exists():
-            counts[shard["shard"]] = open_shard(store).num_tokens
         else:
             counts[shard["shard"]] = shard["estimated_tokens"]
             exact = False
