@@ -33,9 +33,9 @@ from eagleflow.status import (
 )
 from eagleflow.target_config import target_text_config
 
-# Compression ratio (raw / stored) assumed when none is given: the low end of what real
-# large-model activations reach with the default codec (heavier-tailed than the demo target's,
-# which compress 1.62x), so the projection errs towards too much disk, never too little.
+# Compression ratio (raw / stored) assumed when none is given: well under the demo target's
+# 1.60 with the default codec (bench/RESULTS.md, "Codecs"), as real large-model activations are
+# heavier-tailed, so the projection errs towards too much disk.
 # Measure yours: `--results` on a first finished run, or `python -m eagleflow.status`.
 DEFAULT_RATIO = 1.25
 # With the lossy fp8 codec: its codes alone (a byte per bf16 value); what zstd then gains on
@@ -58,6 +58,7 @@ class Sizing:
     mean_tokens: float
     codec: str
     compression_ratio: float
+    ratio_assumed: bool  # no --ratio: the codec's default assumption, not a measurement
     raw_bytes_per_token: int
     tokens: int
     raw_bytes: int
@@ -89,6 +90,7 @@ def project(
     """Bytes of a run and a shard size: one job of `job_hours` at `tokens_per_s` when the
     throughput is known, else about DEFAULT_STORED_BYTES_PER_SHARD stored per shard. `ratio`
     (raw bf16 / stored) defaults to the assumption for `codec` (`default_ratio`)."""
+    ratio_assumed = not ratio
     ratio = ratio or default_ratio(codec)
     per_token = raw_bytes_per_token(num_aux, hidden_size)
     tokens = round(samples * mean_tokens)
@@ -115,6 +117,7 @@ def project(
         mean_tokens=mean_tokens,
         codec=codec,
         compression_ratio=ratio,
+        ratio_assumed=ratio_assumed,
         raw_bytes_per_token=per_token,
         tokens=tokens,
         raw_bytes=raw,
@@ -172,7 +175,8 @@ def format_sizing(sizing: Sizing) -> str:
             f"tokens      {s.samples:,} samples x {s.mean_tokens:,g} = {s.tokens:,}",
             f"raw         {human_bytes(s.raw_bytes)} ({s.raw_bytes:,} B)",
             f"stored      {human_bytes(s.stored_bytes)} at {s.compression_ratio:.2f}x compression "
-            f"({s.codec}{', lossy' if s.codec in LOSSY_CODECS else ''})",
+            f"({s.codec}{', lossy' if s.codec in LOSSY_CODECS else ''}"
+            f"{'; assumed: measure it, then --ratio' if s.ratio_assumed else ''})",
             f"shards      {s.shards:,} of ~{s.shard_tokens:,} tokens (~{s.samples_per_shard:,g} "
             f"samples, {human_bytes(s.raw_bytes_per_shard)} raw, "
             f"{human_bytes(s.stored_bytes_per_shard)} stored each)",

@@ -34,7 +34,9 @@ def test_fp8_codec_halves_the_assumed_size_and_goes_into_the_config(
     assert sizing["stored_bytes"] == round(sizing["raw_bytes"] / 2.0)
     assert sizing["config"]["extract"] == {"codec": "fp8-e4m3"}
     main([*REFERENCE, "--codec", "fp8-e4m3"])
-    assert "at 2.00x compression (fp8-e4m3, lossy)" in capsys.readouterr().out
+    assert "at 2.00x compression (fp8-e4m3, lossy; assumed: measure it" in capsys.readouterr().out
+    main([*REFERENCE, "--ratio", "1.6"])  # a measured ratio is not called assumed
+    assert "at 1.60x compression (shuffle-zstd1)\n" in capsys.readouterr().out
 
 
 def test_reference_case_raw_bytes_are_exact(capsys: pytest.CaptureFixture) -> None:
