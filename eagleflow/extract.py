@@ -134,12 +134,12 @@ def extract_vllm(
         budgets = [len(p) for p in prompts]
         start = time.monotonic()
         finished = finished_in_order(llm, prompts, params, budgets, max_pending_tokens)
-        with token_progress(len(samples), "extract (vllm)") as progress:
+        with token_progress(sum(budgets), "extract (vllm)", unit="tok") as progress:
             for i, _, path in finished:
                 states = take_states(path)
                 check_tokens(samples[i], states["token_ids"])
                 append_states(writer, samples[i], states["hidden_states"], ids, hidden_size)
-                progress.advance(1, len(samples[i]["input_ids"]))
+                progress.advance(budgets[i], budgets[i])
         return time.monotonic() - start
 
 
@@ -174,7 +174,9 @@ def extract_server(
     start = time.monotonic()
     with (
         ServerClient(url, timeout_s=timeout_s, connections=concurrency) as client,
-        token_progress(len(samples), "extract (server)") as progress,
+        token_progress(
+            sum(len(s["input_ids"]) for s in samples), "extract (server)", unit="tok"
+        ) as progress,
     ):
         for sample, path in in_order_on_threads(prefill, samples, concurrency):
             if writer.num_samples == 0:  # the first file: check whose server wrote it
@@ -185,7 +187,7 @@ def extract_server(
                 raise requests.ConnectionError(f"states file {path} never written") from None
             check_tokens(sample, states["token_ids"])
             append_states(writer, sample, states["hidden_states"], ids, hidden_size)
-            progress.advance(1, len(sample["input_ids"]))
+            progress.advance(len(sample["input_ids"]), len(sample["input_ids"]))
     return time.monotonic() - start
 
 

@@ -109,7 +109,9 @@ def extract_hf(
     handles = [layers[i - 1].register_forward_hook(keep(i)) for i in ids]
     start = time.monotonic()
     try:
-        with token_progress(len(samples), "extract (hf)") as progress, torch.inference_mode():
+        total = sum(len(s["input_ids"]) for s in samples)
+        # Tokens, not samples: lengths vary widely, and longest-first batches skew a count.
+        with token_progress(total, "extract (hf)", unit="tok") as progress, torch.inference_mode():
             for window in _windows(samples, window_tokens):
                 results: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
                 for batch in _length_batches(samples, window, batch_tokens):
@@ -126,7 +128,7 @@ def extract_hf(
                     for row, i in enumerate(batch):
                         n = len(samples[i]["input_ids"])
                         results[i] = (aux[row, :n].clone(), last[row, :n].clone())
-                    progress.advance(len(batch), int(attention.sum()))
+                    progress.advance(int(attention.sum()), int(attention.sum()))
                 for i in window:
                     aux, last = results.pop(i)
                     sample = samples[i]
