@@ -67,6 +67,7 @@ class ExtractionStatus:
     tokens_per_s: float | None
     eta_s: float | None
     free_bytes: int
+    rate_basis: str | None = None  # what tokens_per_s was measured on
 
 
 def _recorded_tokens(store: Path) -> int | None:
@@ -76,6 +77,22 @@ def _recorded_tokens(store: Path) -> int | None:
         return int(json.loads((store / "zarr.json").read_text())["attributes"]["num_tokens"])
     except (OSError, ValueError, KeyError, TypeError):
         return None
+
+
+def _job_rate(results: Path, done: list[tuple[str, int]]) -> float | None:
+    """Tokens per second of the finished shards' jobs, from their benchmark rows (seconds
+    include the engine's start; extract, or capture in one pass)."""
+    tokens = seconds = 0.0
+    for shard, count in done:
+        for rule in ("extract", "capture"):
+            row = results / "benchmarks" / rule / f"shard-{shard}.tsv"
+            try:
+                seconds += float(row.read_text().splitlines()[1].split("\t")[0])
+            except (OSError, IndexError, ValueError):
+                continue
+            tokens += count
+            break
+    return tokens / seconds if seconds else None
 
 
 def shard_token_counts(results: Path, shards: list[dict]) -> tuple[dict[str, int], bool]:
@@ -122,12 +139,13 @@ def extraction_status(
     for shard in shards:
         store = results / "hidden" / f"shard-{shard['shard']}.zarr"
         if (store / "zarr.json").exists():
-            done.append((store.stat().st_mtime, counts[shard["shard"]], _stored_bytes(store)))
+            size = _stored_bytes(store)
+            done.append((store.stat().st_mtime, counts[shard["shard"]], size, shard["shard"]))
     if first_done is not None:
         done = sorted(done)[:first_done]
     tokens_total = sum(counts.values())
-    tokens_done = sum(tokens for _, tokens, _ in done)
-    stored = sum(size for _, _, size in done)
+    tokens_done = sum(tokens for _, tokens, _, _ in done)
+    stored = sum(size for _, _, size, _ in done)
     # Stores being written (or left by a killed job, removed when it reruns) hold space already
     # taken from what is free: not counted again as still to write.
     in_progress = sum(_stored_bytes(p) for p in (results / "hidden").glob(".tmp-shard-*"))
@@ -137,11 +155,15 @@ def extraction_status(
     floor = uncompressed_ratio(codec, num_aux, hidden_size)
     projected = int(tokens_total * per_token / (ratio or floor))
     remaining = max(projected - stored - in_progress, 0)
-    rate = None
+    rate, rate_basis = None, None
     recent = sorted(done)[-window:]
     if len(recent) >= 2 and recent[-1][0] > recent[0][0]:
         # Tokens finished after the first completion in the window, over the time they took.
-        rate = sum(t for _, t, _ in recent[1:]) / (recent[-1][0] - recent[0][0])
+        rate = sum(t for _, t, _, _ in recent[1:]) / (recent[-1][0] - recent[0][0])
+        rate_basis = f"the last {len(recent)} shards to finish"
+    elif done:  # one shard so far (a run of a few long jobs): its job's own rate
+        rate = _job_rate(results, [(shard, tokens) for _, tokens, _, shard in done])
+        rate_basis = "one job's benchmark; jobs side by side finish sooner" if rate else None
     eta = (tokens_total - tokens_done) / rate if rate else None
     return ExtractionStatus(
         shards_total=len(shards),
@@ -156,6 +178,7 @@ def extraction_status(
         remaining_bytes=remaining,
         tokens_per_s=round(rate, 1) if rate else None,
         eta_s=round(eta) if eta is not None else None,
+        rate_basis=rate_basis,
         free_bytes=free_bytes(results / "hidden"),  # hidden/ may be a link to another disk
     )
 
@@ -241,6 +264,8 @@ def format_status(status: ExtractionStatus) -> str:
     if status.tokens_total and status.tokens_done == status.tokens_total:
         eta = "done"
     rate = f"{status.tokens_per_s:,.0f} tok/s" if status.tokens_per_s else "n/a"
+    if status.rate_basis and status.tokens_done < status.tokens_total:
+        rate += f" ({status.rate_basis})"
     total_kind = "exact" if status.tokens_total_exact else "estimated from the plan"
     return "\n".join(
         [

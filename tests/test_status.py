@@ -177,3 +177,21 @@ def test_a_killed_repair_rerun_compares_with_what_the_workflow_consumed(tmp_path
     os.utime(store)  # the killed repair had regenerated it: a new time
     again = snapshots([store], journal)
     assert again == first
+
+
+def test_eta_from_the_first_shards_job_before_two_have_finished(tmp_path: Path) -> None:
+    """A run of a few long jobs (the Kimi plan: 5 shards) had no ETA until two shards were
+    done: with one, the speed is its job's (its benchmark row), and the status says so."""
+    from eagleflow.status import format_status
+
+    results = fake_results(tmp_path, [[100] * 4] * 5, done=1)
+    status = extraction_status(results, num_aux=AUX, hidden_size=HIDDEN)
+    assert status.tokens_per_s is None and status.eta_s is None
+    row = results / "benchmarks/extract/shard-00000.tsv"
+    row.parent.mkdir(parents=True)
+    row.write_text("s\th:m:s\tmax_rss\n20.0\t0:00:20\t100\n")
+    status = extraction_status(results, num_aux=AUX, hidden_size=HIDDEN)
+    assert status.tokens_per_s == 20.0 and status.eta_s == 80  # 1,600 tokens left at 20 tok/s
+    assert "20 tok/s (one job's benchmark; jobs side by side finish sooner), ETA 00:01:20" in (
+        format_status(status)
+    )
