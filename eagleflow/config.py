@@ -12,6 +12,7 @@ from pathlib import Path
 import jsonschema
 import yaml
 
+from eagleflow.engine import LAYOUT_OPTIONS, STATE_OPTIONS, engine_options
 from eagleflow.fingerprint import TOKENIZER_VOCAB_FILES
 from eagleflow.logs import InputError
 from eagleflow.sampling import SamplingLimits, data_sampling_unserved
@@ -123,7 +124,7 @@ def engine_option_problems(config: dict) -> list[str]:
     or that sets what the check sets."""
     engine_args = vllm_dataclass_fields("engine.arg_utils", "EngineArgs")
     speculative_args = vllm_dataclass_fields("config.speculative", "SpeculativeConfig")
-    named = set(config["engine"]) - {"extra"}
+    named = {*STATE_OPTIONS, *LAYOUT_OPTIONS}
     problems = []
     sections = {"engine": config["engine"]}
     sections.update({f"{stage}.engine": config[stage]["engine"] for stage in ENGINE_STAGES})
@@ -152,12 +153,10 @@ def engine_option_problems(config: dict) -> list[str]:
             else:
                 problems += _unknown(key, name, engine_args, "an engine argument")
     for stage in ENGINE_STAGES:
-        stage_engine = config[stage]["engine"]
-        replicas = stage_engine.get("data_parallel_size") or config["engine"].get(
-            "data_parallel_size"
-        )
-        if config[stage]["backend"] == "vllm" and (replicas or 1) > 1:
-            where = f"{stage}.engine" if stage_engine.get("data_parallel_size") else "engine"
+        replicas = engine_options(config, stage).get("data_parallel_size") or 1
+        if config[stage]["backend"] == "vllm" and replicas > 1:
+            set_by_stage = config[stage]["engine"].get("data_parallel_size") is not None
+            where = f"{stage}.engine" if set_by_stage else "engine"
             shards = "" if stage == "evaluate" else "run shard jobs side by side instead, or "
             problems.append(
                 f"{where}.data_parallel_size: {replicas}: {stage} builds its engine in the job "
