@@ -49,6 +49,14 @@ def free_bytes(path: str | Path) -> int:
 
 
 def _stored_bytes(store: Path) -> int:
+    """Bytes on disk of a store: of a finished one from its attributes and one stat (a store
+    holds ~10^5 chunk files at the reference scale), else file by file."""
+    attributes = _finished_attributes(store)
+    if isinstance(attributes.get("payload_bytes"), int):
+        try:
+            return attributes["payload_bytes"] + (store / "zarr.json").stat().st_size
+        except OSError:
+            pass
     return sum(f.stat().st_size for f in store.rglob("*") if f.is_file())
 
 
@@ -70,12 +78,21 @@ class ExtractionStatus:
     rate_basis: str | None = None  # what tokens_per_s was measured on
 
 
-def _recorded_tokens(store: Path) -> int | None:
-    """The token count a finished store's attributes record (None: none readable; the status
-    must not fail on a damaged store, which verify names)."""
+def _finished_attributes(store: Path) -> dict:
+    """A store's attributes ({} when none are readable: the status must not fail on a damaged
+    or unfinished store, which verify names)."""
     try:
-        return int(json.loads((store / "zarr.json").read_text())["attributes"]["num_tokens"])
+        attributes = json.loads((store / "zarr.json").read_text())["attributes"]
     except (OSError, ValueError, KeyError, TypeError):
+        return {}
+    return attributes if isinstance(attributes, dict) else {}
+
+
+def _recorded_tokens(store: Path) -> int | None:
+    """The token count a finished store's attributes record (None: none readable)."""
+    try:
+        return int(_finished_attributes(store)["num_tokens"])
+    except (KeyError, ValueError, TypeError):
         return None
 
 

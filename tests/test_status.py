@@ -72,6 +72,42 @@ def test_projection_from_a_tenth_of_the_shards_matches_the_final_size(tmp_path: 
     assert final.raw_bytes_done == final.tokens_done * raw_bytes_per_token(AUX, HIDDEN)
 
 
+def test_stored_bytes_of_finished_stores_without_listing_their_chunks(
+    tmp_path: Path, monkeypatch
+) -> None:
+    """A finished store's size comes from its attributes, exact to the byte, without a stat per
+    chunk file (~10^5 a shard at the reference scale); a store without the attribute (written
+    before it existed) and a store still being written are measured file by file."""
+    results = fake_results(tmp_path, [[120] * 6] * 3, done=2)
+    hidden = results / "hidden"
+    on_disk = {
+        store.name: sum(f.stat().st_size for f in store.rglob("*") if f.is_file())
+        for store in hidden.glob("shard-*.zarr")
+    }
+    status = extraction_status(results, num_aux=AUX, hidden_size=HIDDEN)
+    assert status.stored_bytes == sum(on_disk.values())
+
+    listed = []
+    real_rglob = Path.rglob
+    monkeypatch.setattr(Path, "rglob", lambda self, p: listed.append(self) or real_rglob(self, p))
+    assert extraction_status(results, num_aux=AUX, hidden_size=HIDDEN) == status
+    assert listed == []
+
+    older = hidden / "shard-00001.zarr" / "zarr.json"
+    metadata = json.loads(older.read_text())
+    del metadata["attributes"]["payload_bytes"]
+    older.write_text(json.dumps(metadata))
+    (hidden / ".tmp-shard-00002.zarr").mkdir()
+    (hidden / ".tmp-shard-00002.zarr" / "c0").write_bytes(b"x" * 1000)
+    again = extraction_status(results, num_aux=AUX, hidden_size=HIDDEN)
+    assert sorted(p.name for p in listed) == [".tmp-shard-00002.zarr", "shard-00001.zarr"]
+    on_disk["shard-00001.zarr"] = sum(
+        f.stat().st_size for f in older.parent.rglob("*") if f.is_file()
+    )
+    assert again.stored_bytes == sum(on_disk.values())
+    assert again.remaining_bytes == again.projected_bytes - again.stored_bytes - 1000
+
+
 def test_projection_before_any_shard_knows_the_codec(tmp_path: Path) -> None:
     """With nothing measured yet the projection assumes no compression: raw bf16 for a
     lossless codec, a byte per value (plus ids and mask) for fp8 codes."""
