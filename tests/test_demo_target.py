@@ -19,7 +19,7 @@ import yaml
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
-from eagleflow.demo import corpus, shipped
+from eagleflow.demo import corpus, number_tasks, shipped, word_tasks
 from eagleflow.demo.target import build_demo_target
 from eagleflow.logs import InputError
 
@@ -61,11 +61,11 @@ def tiny_target(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_arithmetic_answers_are_correct() -> None:
     rng = random.Random(1)
     for _ in range(SAMPLES_PER_FAMILY):
-        a, b = _numbers((problem := corpus._addition(rng)).user)
+        a, b = _numbers((problem := number_tasks.addition(rng)).user)
         assert int(problem.answer) == a + b
-        a, b = _numbers((problem := corpus._subtraction(rng)).user)
+        a, b = _numbers((problem := number_tasks.subtraction(rng)).user)
         assert int(problem.answer) == abs(a - b)
-        a, b = _numbers((problem := corpus._multiplication(rng)).user)
+        a, b = _numbers((problem := number_tasks.multiplication(rng)).user)
         assert int(problem.answer) == a * b
         assert problem.answer in problem.answer_sentence
 
@@ -73,22 +73,22 @@ def test_arithmetic_answers_are_correct() -> None:
 def test_sorting_answers_are_correct() -> None:
     rng = random.Random(2)
     for _ in range(SAMPLES_PER_FAMILY):
-        problem = corpus._sort_numbers(rng)
+        problem = number_tasks.sort_numbers(rng)
         descending = re.search(r"largest to|descending|biggest to", problem.user) is not None
         expected = sorted(_numbers(problem.user), reverse=descending)
         assert problem.answer == ", ".join(map(str, expected))
-        problem = corpus._sort_words(rng)
-        words = [w for w in re.findall(r"[a-z]+", problem.user) if w in corpus.WORDS]
+        problem = word_tasks.sort_words(rng)
+        words = [w for w in re.findall(r"[a-z]+", problem.user) if w in word_tasks.WORDS]
         assert problem.answer == ", ".join(sorted(words))
 
 
 def test_unit_conversions_are_correct() -> None:
     rng = random.Random(3)
     for _ in range(SAMPLES_PER_FAMILY):
-        problem = corpus._unit_conversion(rng)
+        problem = number_tasks.unit_conversion(rng)
         (factor,) = [
             factor
-            for _, units, target, factor in corpus.CONVERSIONS
+            for _, units, target, factor in number_tasks.CONVERSIONS
             if re.search(rf"\b{units}\b", problem.user)
             and re.search(rf"\b{target}\b", problem.user)
         ]
@@ -99,13 +99,13 @@ def test_unit_conversions_are_correct() -> None:
 def test_string_edits_are_correct() -> None:
     rng = random.Random(4)
     for _ in range(SAMPLES_PER_FAMILY):
-        word = rng.choice(corpus.WORDS)
-        assert corpus._reverse_word(rng, word).answer == word[::-1]
-        assert corpus._uppercase_word(rng, word).answer == word.upper()
-        assert corpus._word_length(rng, word).answer == str(len(word))
-        problem = corpus._count_letter(rng, word)
+        word = rng.choice(word_tasks.WORDS)
+        assert word_tasks.reverse_word(rng, word).answer == word[::-1]
+        assert word_tasks.uppercase_word(rng, word).answer == word.upper()
+        assert word_tasks.word_length(rng, word).answer == str(len(word))
+        problem = word_tasks.count_letter(rng, word)
         assert problem.answer == str(word.count(_letter(problem.user)))
-        problem = corpus._remove_letter(rng, word)
+        problem = word_tasks.remove_letter(rng, word)
         assert problem.answer == word.replace(_letter(problem.user), "")
         assert re.search(rf"\b{word}\b", problem.user)
 

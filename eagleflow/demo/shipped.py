@@ -19,7 +19,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from eagleflow.demo import corpus, target
+from eagleflow.demo import corpus, number_tasks, problem, target, word_tasks
 from eagleflow.files import atomic_output, sha256_file
 from eagleflow.logs import InputError
 
@@ -28,9 +28,10 @@ MANIFEST = SHIPPED_DIR / "manifest.json"
 
 
 def build_code_sha256() -> str:
-    """One hash over the modules that decide the build's bits (corpus, tokenizer, training)."""
+    """One hash over the modules that decide the build's bits (corpus and its tasks, tokenizer,
+    training)."""
     digest = hashlib.sha256()
-    for module in (corpus, target):
+    for module in (corpus, problem, number_tasks, word_tasks, target):
         digest.update(Path(module.__file__).read_bytes())
     return digest.hexdigest()
 
