@@ -150,6 +150,23 @@ def test_checkpoints_of_other_training_code_are_not_resumed(
     assert "the training code changed (eagleflow.drafter)" in caplog.text
 
 
+def test_a_checkpoint_that_does_not_load_is_skipped_for_the_one_before(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A node crash can leave the newest checkpoint renamed into place with its data never
+    written (nothing is fsynced): zeros, or cut short. Resuming takes the one before it."""
+    model = torch.nn.Linear(2, 2)
+    optimizer = torch.optim.AdamW(model.parameters())
+    save_checkpoint(tmp_path, 10, model, optimizer, "run")
+    for damage in ("zeros", "cut short"):
+        newest = save_checkpoint(tmp_path, 20, model, optimizer, "run")
+        size = newest.stat().st_size
+        newest.write_bytes(bytes(size) if damage == "zeros" else newest.read_bytes()[: size // 2])
+        with caplog.at_level("WARNING", logger="eagleflow.checkpoints"):
+            assert latest_checkpoint(tmp_path, "run")["step"] == 10
+        assert f"skipping unreadable checkpoint {newest}" in caplog.text
+
+
 def test_checkpoints_of_other_states_under_the_same_metadata_are_not_resumed(
     demo_run: Path, tmp_path: Path
 ) -> None:
