@@ -34,7 +34,7 @@ FORMAT_ATTRS = (
     "codec",
 )
 # Also set by the writer (not required of shards written before they existed).
-WRITER_ATTRS = (*FORMAT_ATTRS, "lossy", "encoding")
+WRITER_ATTRS = (*FORMAT_ATTRS, "lossy", "encoding", "payload_bytes")
 # Arrays written sample by sample along the token axis, with their stored dtypes.
 TOKEN_ARRAYS = {"aux": "uint16", "last": "uint16", "input_ids": "int32", "loss_mask": "bool"}
 ARRAY_DTYPES = {**TOKEN_ARRAYS, "offsets": "int64"}
