@@ -21,6 +21,11 @@ def _remove(path: Path) -> None:
         path.unlink()
 
 
+def tree_bytes(root: Path) -> int:
+    """Bytes of every file under `root`."""
+    return sum(f.stat().st_size for f in root.rglob("*") if f.is_file())
+
+
 @contextlib.contextmanager
 def atomic_output(final: str | Path) -> Iterator[Path]:
     """Yield a temporary sibling path; rename it onto `final` only if the block succeeds.

@@ -18,7 +18,7 @@ import shutil
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from eagleflow.files import read_jsonl
+from eagleflow.files import read_jsonl, tree_bytes
 from eagleflow.logs import InputError
 from eagleflow.shards import LOSSY_CODECS, raw_bytes_per_token
 from eagleflow.target_config import target_text_config
@@ -48,16 +48,15 @@ def free_bytes(path: str | Path) -> int:
     return shutil.disk_usage(path).free
 
 
-def _stored_bytes(store: Path) -> int:
-    """Bytes on disk of a store: of a finished one from its attributes and one stat (a store
+def _stored_bytes(store: Path, attributes: dict) -> int:
+    """Bytes on disk of a store: of a finished one from its `attributes` and one stat (a store
     holds ~10^5 chunk files at the reference scale), else file by file."""
-    attributes = _finished_attributes(store)
     if isinstance(attributes.get("payload_bytes"), int):
         try:
             return attributes["payload_bytes"] + (store / "zarr.json").stat().st_size
         except OSError:
             pass
-    return sum(f.stat().st_size for f in store.rglob("*") if f.is_file())
+    return tree_bytes(store)
 
 
 @dataclass
@@ -88,10 +87,10 @@ def _finished_attributes(store: Path) -> dict:
     return attributes if isinstance(attributes, dict) else {}
 
 
-def _recorded_tokens(store: Path) -> int | None:
+def _recorded_tokens(attributes: dict) -> int | None:
     """The token count a finished store's attributes record (None: none readable)."""
     try:
-        return int(_finished_attributes(store)["num_tokens"])
+        return int(attributes["num_tokens"])
     except (KeyError, ValueError, TypeError):
         return None
 
@@ -112,15 +111,16 @@ def _job_rate(results: Path, done: list[tuple[str, int]]) -> float | None:
     return tokens / seconds if seconds else None
 
 
-def shard_token_counts(results: Path, shards: list[dict]) -> tuple[dict[str, int], bool]:
-    """Tokens per shard: exact from the finished shard's attributes or, before it exists, from
-    the prepared samples (whose JSONL, at the reference scale ~3M token ids a shard, every
-    extract job would otherwise parse at its start), else the plan's estimate."""
+def shard_token_counts(
+    results: Path, shards: list[dict], attributes: dict[str, dict]
+) -> tuple[dict[str, int], bool]:
+    """Tokens per shard: exact from the finished shard's `attributes` (by shard) or, before it
+    exists, from the prepared samples (whose JSONL, at the reference scale ~3M token ids a
+    shard, every extract job would otherwise parse at its start), else the plan's estimate."""
     counts, exact = {}, True
     for shard in shards:
         tokens = results / "tokens" / f"shard-{shard['shard']}.jsonl"
-        store = results / "hidden" / f"shard-{shard['shard']}.zarr"
-        finished = _recorded_tokens(store)
+        finished = _recorded_tokens(attributes[shard["shard"]])
         if finished is not None:
             counts[shard["shard"]] = finished
         elif tokens.exists():
@@ -150,13 +150,15 @@ def extraction_status(
     """
     results = Path(results)
     shards = json.loads((results / "plan" / "plan.json").read_text())["shards"]
-    counts, exact = shard_token_counts(results, shards)
+    stores = {s["shard"]: results / "hidden" / f"shard-{s['shard']}.zarr" for s in shards}
+    attributes = {shard: _finished_attributes(store) for shard, store in stores.items()}
+    counts, exact = shard_token_counts(results, shards, attributes)
     per_token = raw_bytes_per_token(num_aux, hidden_size)
     done = []
     for shard in shards:
-        store = results / "hidden" / f"shard-{shard['shard']}.zarr"
+        store = stores[shard["shard"]]
         if (store / "zarr.json").exists():
-            size = _stored_bytes(store)
+            size = _stored_bytes(store, attributes[shard["shard"]])
             done.append((store.stat().st_mtime, counts[shard["shard"]], size, shard["shard"]))
     if first_done is not None:
         done = sorted(done)[:first_done]
@@ -165,7 +167,7 @@ def extraction_status(
     stored = sum(size for _, _, size, _ in done)
     # Stores being written (or left by a killed job, removed when it reruns) hold space already
     # taken from what is free: not counted again as still to write.
-    in_progress = sum(_stored_bytes(p) for p in (results / "hidden").glob(".tmp-shard-*"))
+    in_progress = sum(tree_bytes(p) for p in (results / "hidden").glob(".tmp-shard-*"))
     raw_done = tokens_done * per_token
     ratio = raw_done / stored if stored else None
     # Before any shard exists, assume no compression: a projection may be high, never low.

@@ -10,6 +10,7 @@ import numpy as np
 import torch
 import zarr
 
+from eagleflow.files import tree_bytes
 from eagleflow.shards.chunks import ChunkCache, _ChunkFiles
 from eagleflow.shards.format import (
     ACTIVATIONS,
@@ -162,7 +163,7 @@ class Shard:
         """Bytes on disk of the named arrays (an fp8 array's scales included), or of the whole
         store (metadata included)."""
         if names is None:
-            return sum(p.stat().st_size for p in self.path.rglob("*") if p.is_file())
+            return tree_bytes(self.path)
         with_scales = [n + s for n in names for s in ("", SCALE_SUFFIX) if n + s in self.arrays]
         return sum(self.arrays[name].nbytes_stored() for name in with_scales)
 

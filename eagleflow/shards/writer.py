@@ -15,7 +15,7 @@ import torch
 import zarr
 from zarr.codecs import Crc32cCodec, ZstdCodec
 
-from eagleflow.files import atomic_output
+from eagleflow.files import atomic_output, tree_bytes
 from eagleflow.manifest import file_digests, manifest_path, write_manifest
 from eagleflow.shards.columns import _Column, _Fp8Column, _rows_per_chunk
 from eagleflow.shards.format import (
@@ -248,12 +248,9 @@ class ShardWriter:
             column.set_shape()
         offsets = self._create("offsets", (len(self.offsets),))
         offsets[:] = np.asarray(self.offsets, dtype=np.int64)
-        root_metadata = self._tmp / "zarr.json"
         # What `status` would otherwise stat file by file at every call (~10^5 chunk files a
         # shard at the reference scale, on a shared filesystem).
-        payload = sum(
-            f.stat().st_size for f in self._tmp.rglob("*") if f.is_file() and f != root_metadata
-        )
+        payload = tree_bytes(self._tmp) - (self._tmp / "zarr.json").stat().st_size
         self._group.update_attributes(
             {
                 "format_version": FORMAT_VERSION,
