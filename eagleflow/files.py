@@ -21,9 +21,14 @@ def _remove(path: Path) -> None:
         path.unlink()
 
 
+def tree_files(root: Path) -> list[Path]:
+    """Every file under `root`, sorted."""
+    return sorted(p for p in root.rglob("*") if p.is_file())
+
+
 def tree_bytes(root: Path) -> int:
     """Bytes of every file under `root`."""
-    return sum(f.stat().st_size for f in root.rglob("*") if f.is_file())
+    return sum(f.stat().st_size for f in tree_files(root))
 
 
 @contextlib.contextmanager

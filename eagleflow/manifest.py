@@ -10,15 +10,18 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from eagleflow.files import atomic_output, sha256_file
+from eagleflow.files import atomic_output, sha256_file, tree_files
 
 
-def file_digests(root: Path, known: dict[Path, str] | None = None) -> dict[str, str]:
-    """sha256 of every file under `root` by relative posix path; `known` ones are not reread."""
+def file_digests(
+    root: Path, known: dict[Path, str] | None = None, files: list[Path] | None = None
+) -> dict[str, str]:
+    """sha256 of every file under `root` (or of `files`, a listing of it) by relative posix
+    path; `known` ones are not reread."""
     known = known or {}
     return {
         file.relative_to(root).as_posix(): known.get(file) or sha256_file(file)
-        for file in sorted(p for p in root.rglob("*") if p.is_file())
+        for file in (tree_files(root) if files is None else files)
     }
 
 

@@ -17,6 +17,7 @@ import os
 import shutil
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 from eagleflow.files import read_jsonl, tree_bytes
 from eagleflow.logs import InputError
@@ -95,18 +96,27 @@ def _recorded_tokens(attributes: dict) -> int | None:
         return None
 
 
-def _job_rate(results: Path, done: list[tuple[str, int]]) -> float | None:
+class FinishedShard(NamedTuple):
+    """An extracted shard; ordered by the time it finished."""
+
+    mtime: float
+    tokens: int
+    stored_bytes: int
+    shard: str
+
+
+def _job_rate(results: Path, done: list[FinishedShard]) -> float | None:
     """Tokens per second of the finished shards' jobs, from their benchmark rows (seconds
     include the engine's start; extract, or capture in one pass)."""
     tokens = seconds = 0.0
-    for shard, count in done:
+    for finished in done:
         for rule in ("extract", "capture"):
-            row = results / "benchmarks" / rule / f"shard-{shard}.tsv"
+            row = results / "benchmarks" / rule / f"shard-{finished.shard}.tsv"
             try:
                 seconds += float(row.read_text().splitlines()[1].split("\t")[0])
             except (OSError, IndexError, ValueError):
                 continue
-            tokens += count
+            tokens += finished.tokens
             break
     return tokens / seconds if seconds else None
 
@@ -159,12 +169,14 @@ def extraction_status(
         store = stores[shard["shard"]]
         if (store / "zarr.json").exists():
             size = _stored_bytes(store, attributes[shard["shard"]])
-            done.append((store.stat().st_mtime, counts[shard["shard"]], size, shard["shard"]))
+            done.append(
+                FinishedShard(store.stat().st_mtime, counts[shard["shard"]], size, shard["shard"])
+            )
     if first_done is not None:
         done = sorted(done)[:first_done]
     tokens_total = sum(counts.values())
-    tokens_done = sum(tokens for _, tokens, _, _ in done)
-    stored = sum(size for _, _, size, _ in done)
+    tokens_done = sum(f.tokens for f in done)
+    stored = sum(f.stored_bytes for f in done)
     # Stores being written (or left by a killed job, removed when it reruns) hold space already
     # taken from what is free: not counted again as still to write.
     in_progress = sum(tree_bytes(p) for p in (results / "hidden").glob(".tmp-shard-*"))
@@ -176,12 +188,12 @@ def extraction_status(
     remaining = max(projected - stored - in_progress, 0)
     rate, rate_basis = None, None
     recent = sorted(done)[-window:]
-    if len(recent) >= 2 and recent[-1][0] > recent[0][0]:
+    if len(recent) >= 2 and recent[-1].mtime > recent[0].mtime:
         # Tokens finished after the first completion in the window, over the time they took.
-        rate = sum(t for _, t, _, _ in recent[1:]) / (recent[-1][0] - recent[0][0])
+        rate = sum(f.tokens for f in recent[1:]) / (recent[-1].mtime - recent[0].mtime)
         rate_basis = f"the last {len(recent)} shards to finish"
     elif done:  # one shard so far (a run of a few long jobs): its job's own rate
-        rate = _job_rate(results, [(shard, tokens) for _, tokens, _, shard in done])
+        rate = _job_rate(results, done)
         rate_basis = "one job's benchmark; jobs side by side finish sooner" if rate else None
     eta = (tokens_total - tokens_done) / rate if rate else None
     return ExtractionStatus(

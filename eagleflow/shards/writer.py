@@ -15,7 +15,7 @@ import torch
 import zarr
 from zarr.codecs import Crc32cCodec, ZstdCodec
 
-from eagleflow.files import atomic_output, tree_bytes
+from eagleflow.files import atomic_output, tree_files
 from eagleflow.manifest import file_digests, manifest_path, write_manifest
 from eagleflow.shards.columns import _Column, _Fp8Column, _rows_per_chunk
 from eagleflow.shards.format import (
@@ -250,7 +250,11 @@ class ShardWriter:
         offsets[:] = np.asarray(self.offsets, dtype=np.int64)
         # What `status` would otherwise stat file by file at every call (~10^5 chunk files a
         # shard at the reference scale, on a shared filesystem).
-        payload = tree_bytes(self._tmp) - (self._tmp / "zarr.json").stat().st_size
+        # One listing serves this size and the manifest (the attributes below rewrite only the
+        # root zarr.json, which the manifest rehashes).
+        files = tree_files(self._tmp)
+        root_json = self._tmp / "zarr.json"
+        payload = sum(f.stat().st_size for f in files if f != root_json)
         self._group.update_attributes(
             {
                 "format_version": FORMAT_VERSION,
@@ -268,4 +272,4 @@ class ShardWriter:
                 **self.attrs,
             }
         )
-        self._manifest = file_digests(self._tmp, self._digests)
+        self._manifest = file_digests(self._tmp, self._digests, files)
