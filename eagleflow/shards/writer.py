@@ -248,10 +248,10 @@ class ShardWriter:
             column.set_shape()
         offsets = self._create("offsets", (len(self.offsets),))
         offsets[:] = np.asarray(self.offsets, dtype=np.int64)
-        # What `status` would otherwise stat file by file at every call (~10^5 chunk files a
-        # shard at the reference scale, on a shared filesystem).
-        # One listing serves this size and the manifest (the attributes below rewrite only the
-        # root zarr.json, which the manifest rehashes).
+        # payload_bytes: what `status` would otherwise stat file by file at every call (~10^5
+        # chunk files a shard at the reference scale, on a shared filesystem). One listing
+        # serves it and the manifest (the attributes rewrite only the root zarr.json, which the
+        # manifest rehashes).
         files = tree_files(self._tmp)
         root_json = self._tmp / "zarr.json"
         payload = sum(f.stat().st_size for f in files if f != root_json)
