@@ -34,7 +34,7 @@ from eagleflow.checkpoints import (
 )
 from eagleflow.drafter import DrafterConfig, Eagle3Drafter, TargetHead, load_target_head
 from eagleflow.export import RECIPE_FLAGS, export_speculators, export_vllm
-from eagleflow.files import atomic_output
+from eagleflow.files import atomic_output, tree_files
 from eagleflow.loader import TrainBatches, list_samples, make_loader, pack_batches, window_tokens
 from eagleflow.logs import InputError, setup_job_logging
 from eagleflow.manifest import manifest_path
@@ -127,7 +127,7 @@ def _shard_identity(path: str) -> str:
     if manifest.is_file():
         content = manifest.read_bytes()
     else:
-        files = sorted(p for p in store.rglob("*") if p.is_file())
+        files = tree_files(store)
         content = (store / "zarr.json").read_bytes() + json.dumps(
             [(str(p.relative_to(store)), p.stat().st_size, p.stat().st_mtime_ns) for p in files]
         ).encode()
