@@ -457,6 +457,15 @@ def table_rows(f: dict) -> list[Row]:
                     f"{ours:.3f} / {peer:.3f}", key=f"served_sampled.{t}.*.{k}"),
                 Row(f"ours / peer, served, K={k}, T={t}{drafts}", f"{ours / peer:.2f}"),
             ]  # fmt: skip
+    for k, positions in (f.get("served_positions") or {}).items():
+        ours, peer = positions["ours"], positions["peer"]
+        rows.append(Row(
+            f"served acceptance rate by draft position, K={k}, ours / peer (each: share of "
+            "chains that reach it; in brackets, of those that reached the one before)",
+            ", ".join(f"{a:.3f} / {b:.3f} ({a / pa:.3f} / {b / pb:.3f})" for a, b, pa, pb
+                      in zip(ours, peer, [1.0, *ours], [1.0, *peer], strict=False)),
+            key=f"served_positions.{k}.*",
+        ))  # fmt: skip
     for k, value in (f.get("offline_ours") or {}).items():
         rows.append(Row(f"offline mean acceptance length of ours, K={k}", f"{value:.3f}",
                         key=f"offline_ours.{k}"))  # fmt: skip
@@ -602,6 +611,7 @@ def main() -> None:
         offline = {k: v["mean_acceptance_length"] for k, v in report["by_k"].items()}
     # By temperature, then drafter, then K; greedy first (the goal), then the sampled ones.
     by_temperature: dict[str, dict[str, dict[str, float]]] = {}
+    positions: dict[str, dict[str, list[float]]] = {}  # greedy: K -> drafter -> per position
     for k in args.ks:
         for name, export in (("ours", ours), ("peer", peer)):
             report = serving_acceptance(
@@ -610,6 +620,7 @@ def main() -> None:
                 temperatures=[0.0, *(t for t in args.sampled if t > 0)], compare_plain=False,
                 draft_sample_method=args.draft_sample_method,
             )  # fmt: skip
+            positions.setdefault(str(k), {})[name] = report["by_temperature"]["0.0"]["per_position"]
             for t, at_t in report["by_temperature"].items():
                 length = at_t["mean_acceptance_length"]
                 by_temperature.setdefault(t, {"ours": {}, "peer": {}})[name][str(k)] = length
@@ -632,6 +643,7 @@ def main() -> None:
         },
         "served": served,
         "served_sampled": by_temperature,
+        "served_positions": positions,
         "draft_sample_method": args.draft_sample_method,
         "ratio": {str(k): served["ours"][str(k)] / served["peer"][str(k)] for k in args.ks},
         "offline_ours": offline,
