@@ -460,8 +460,8 @@ def table_rows(f: dict) -> list[Row]:
     for k, positions in (f.get("served_positions") or {}).items():
         ours, peer = positions["ours"], positions["peer"]
         rows.append(Row(
-            f"served acceptance rate by draft position, K={k}, ours / peer (each: share of "
-            "chains that reach it; in brackets, of those that reached the one before)",
+            f"served acceptance rate by draft position, K={k}, ours / peer (each: the share of "
+            "drafts accepted at that position; in brackets, given the one before was)",
             ", ".join(f"{a:.3f} / {b:.3f} ({a / pa:.3f} / {b / pb:.3f})" for a, b, pa, pb
                       in zip(ours, peer, [1.0, *ours], [1.0, *peer], strict=False)),
             key=f"served_positions.{k}.*",
