@@ -29,7 +29,8 @@ What it does:
      prints the served mean acceptance lengths and ours / peer (goal >= 1.05 at K=3 and K=5,
      greedy). It also serves them at each `--sampled` temperature (default 1.0, seeded per
      prompt): reasoning targets are served sampled, so the comparison is reported there too,
-     with vLLM drafting as `--draft-sample-method` says (its default: greedy).
+     with vLLM drafting as `--draft-sample-method` says (its default: greedy). Greedy, it also
+     prints both drafters' acceptance by draft position: where along the chain the margin is.
 
 `--mean-of ROWS...` does none of that: it averages the served figures of stored runs of this
 bench (one per train seed, each with `--config` of that seed) and stores ours / peer of the
