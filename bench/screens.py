@@ -166,6 +166,24 @@ def float32_teacher(_: float, s: TrainSettings) -> None:
     train_module.load_target_head = load_target_head
 
 
+def muon_head(_: float, s: TrainSettings) -> None:
+    """The lm_head stepped by Muon with the hidden matrices instead of by AdamW (Muon's authors
+    keep it in AdamW; Muon's orthogonalized steps may learn the output rows faster)."""
+    plain = train_module.build_optimizer
+
+    def build_optimizer(model, **kwargs):
+        optimizers = plain(model, **kwargs)
+        muon, adamw = optimizers.optimizers
+        head = model.lm_head.weight
+        adamw.param_groups[0]["params"] = [
+            p for p in adamw.param_groups[0]["params"] if p is not head
+        ]
+        muon.param_groups[0]["params"].append(head)
+        return optimizers
+
+    train_module.build_optimizer = build_optimizer
+
+
 def data_seed(seed: float, s: TrainSettings) -> None:
     """The data order of train seed `seed`, the initialization of --seed: whether a seed's
     result follows its initialization or its data order."""
@@ -189,6 +207,7 @@ VARIANTS: dict[str, Callable] = {
         float32_teacher,
         confidence,
         data_seed,
+        muon_head,
     )
 }
 
