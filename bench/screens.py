@@ -128,6 +128,34 @@ def confidence(gamma: float, s: TrainSettings) -> None:
     train_module.ttt_terms = weighted_ttt_terms(lambda q_best, p_best: p_best**gamma)
 
 
+def top_ratio(weight: float, s: TrainSettings) -> None:
+    """The KL plus `weight` x the squared error of the drafter's log-ratios of the teacher's
+    top 4 tokens to its top 1, each weighted by the teacher's probability of that token: the
+    near ties (where most position-1 misses are, bench/near_ties.py) get the order of their
+    two tokens pushed harder than the KL pushes it (q_i - p_i, small when q is near p)."""
+
+    def ttt_terms(
+        draft_outputs, to_logits, teacher_logp, argmax_in_draft, loss_mask, accuracy=True
+    ):
+        kl_sums, counts, correct = [], [], []
+        teacher_p = teacher_logp.exp()
+        teacher_neg_entropy = (teacher_p * teacher_logp).sum(-1)
+        top_logp, top_ids = teacher_logp.topk(4, -1)
+        for step, outputs in enumerate(draft_outputs):
+            shift, valid = chain_step_slots(loss_mask, argmax_in_draft, step)
+            logits, kl = slot_kl(outputs, to_logits, teacher_p, teacher_neg_entropy, shift, valid)
+            ids, teacher = top_ids[:, shift:][valid], top_logp[:, shift:][valid]
+            drafted = logits.gather(-1, ids)
+            error = (drafted[:, 1:] - drafted[:, :1]) - (teacher[:, 1:] - teacher[:, :1])
+            ratio = (teacher[:, 1:].exp() * error.square()).sum(-1)
+            kl_sums.append((kl + weight * ratio).sum())
+            counts.append(valid.sum())
+            correct.append((logits.argmax(-1) == ids[:, 0]).sum())
+        return kl_sums, counts, correct
+
+    train_module.ttt_terms = ttt_terms
+
+
 def layer_n_aux(_: float, s: TrainSettings) -> None:
     """The target's layer-N state (stored for the teacher) as one more aux input: the shards'
     aux ids plus N, so the export asks vLLM for it (vLLM 0.32 captures a state after each
@@ -208,6 +236,7 @@ VARIANTS: dict[str, Callable] = {
         confidence,
         data_seed,
         muon_head,
+        top_ratio,
     )
 }
 
