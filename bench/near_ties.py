@@ -60,6 +60,7 @@ def slot_table(results: Path, drafters: dict[str, Eagle3Drafter], heldout: float
     shards = sorted(glob.glob(str(results / "hidden" / "shard-*.zarr")))
     head = load_target_head(results / "demo" / "target")
     margin, steps, hits = [], [], {name: [] for name in drafters}
+    draft_ids = {name: draft_to_target_ids(model.d2t) for name, model in drafters.items()}
     opened = {}
     for ref in list_samples(shards, heldout, "heldout"):
         sample = opened.setdefault(ref.shard, open_shard(shards[ref.shard])).sample(ref.index)
@@ -76,7 +77,7 @@ def slot_table(results: Path, drafters: dict[str, Eagle3Drafter], heldout: float
         aux = sample["aux"].reshape(length, -1).float()[None]
         for name, model in drafters.items():
             first = model(aux, ids[None], head.embed, 1)[0][0]  # an own embedding wins
-            drafted = draft_to_target_ids(model.d2t)[model.logits(first).argmax(-1)]
+            drafted = draft_ids[name][model.logits(first).argmax(-1)]
             hits[name].append(drafted[slots] == ids[slots + 2])
     return {
         "margin": torch.cat(margin),

@@ -88,10 +88,11 @@ def kv_heads(count: float, s: TrainSettings) -> None:
     train_module.DrafterConfig.from_target = classmethod(from_target)
 
 
-def weighted_ttt_terms(weight_of: Callable) -> Callable:
-    """eagleflow.ttt_loss.ttt_terms with each slot's KL multiplied by weight_of(q_best, p_best)
-    (the drafter's and the teacher's probability of the teacher's argmax; detached), divided by
-    its mean over the chain step's slots."""
+def ttt_terms_with(slot_loss: Callable) -> Callable:
+    """eagleflow.ttt_loss.ttt_terms with each chain step's loss the sum of
+    slot_loss(kl, logits, teacher) over its valid slots (their KL, the drafter's logits and the
+    teacher's log-probs there), which returns the per-slot loss and the teacher's token that
+    the logged accuracy counts."""
 
     def ttt_terms(
         draft_outputs, to_logits, teacher_logp, argmax_in_draft, loss_mask, accuracy=True
@@ -99,19 +100,30 @@ def weighted_ttt_terms(weight_of: Callable) -> Callable:
         kl_sums, counts, correct = [], [], []
         teacher_p = teacher_logp.exp()
         teacher_neg_entropy = (teacher_p * teacher_logp).sum(-1)
-        teacher_best, teacher_best_p = teacher_logp.argmax(-1), teacher_p.amax(-1)
         for step, outputs in enumerate(draft_outputs):
             shift, valid = chain_step_slots(loss_mask, argmax_in_draft, step)
             logits, kl = slot_kl(outputs, to_logits, teacher_p, teacher_neg_entropy, shift, valid)
-            best = teacher_best[:, shift:][valid]
-            q_best = logits.gather(-1, best[:, None]).squeeze(-1) - torch.logsumexp(logits, -1)
-            weight = weight_of(q_best.exp().detach(), teacher_best_p[:, shift:][valid])
-            kl_sums.append((kl * weight / weight.mean().clamp(min=1e-6)).sum())
+            loss, best = slot_loss(kl, logits, teacher_logp[:, shift:][valid])
+            kl_sums.append(loss.sum())
             counts.append(valid.sum())
             correct.append((logits.argmax(-1) == best).sum())
         return kl_sums, counts, correct
 
     return ttt_terms
+
+
+def weighted_ttt_terms(weight_of: Callable) -> Callable:
+    """Each slot's KL multiplied by weight_of(q_best, p_best) (the drafter's and the teacher's
+    probability of the teacher's argmax; detached), divided by its mean over the chain step's
+    slots."""
+
+    def slot_loss(kl, logits, teacher):
+        best = teacher.argmax(-1)
+        q_best = logits.gather(-1, best[:, None]).squeeze(-1) - torch.logsumexp(logits, -1)
+        weight = weight_of(q_best.exp().detach(), teacher.amax(-1).exp())
+        return kl * weight / weight.mean().clamp(min=1e-6), best
+
+    return ttt_terms_with(slot_loss)
 
 
 def focal(gamma: float, s: TrainSettings) -> None:
@@ -134,26 +146,13 @@ def top_ratio(weight: float, s: TrainSettings) -> None:
     near ties (where most position-1 misses are, bench/near_ties.py) get the order of their
     two tokens pushed harder than the KL pushes it (q_i - p_i, small when q is near p)."""
 
-    def ttt_terms(
-        draft_outputs, to_logits, teacher_logp, argmax_in_draft, loss_mask, accuracy=True
-    ):
-        kl_sums, counts, correct = [], [], []
-        teacher_p = teacher_logp.exp()
-        teacher_neg_entropy = (teacher_p * teacher_logp).sum(-1)
-        top_logp, top_ids = teacher_logp.topk(4, -1)
-        for step, outputs in enumerate(draft_outputs):
-            shift, valid = chain_step_slots(loss_mask, argmax_in_draft, step)
-            logits, kl = slot_kl(outputs, to_logits, teacher_p, teacher_neg_entropy, shift, valid)
-            ids, teacher = top_ids[:, shift:][valid], top_logp[:, shift:][valid]
-            drafted = logits.gather(-1, ids)
-            error = (drafted[:, 1:] - drafted[:, :1]) - (teacher[:, 1:] - teacher[:, :1])
-            ratio = (teacher[:, 1:].exp() * error.square()).sum(-1)
-            kl_sums.append((kl + weight * ratio).sum())
-            counts.append(valid.sum())
-            correct.append((logits.argmax(-1) == ids[:, 0]).sum())
-        return kl_sums, counts, correct
+    def slot_loss(kl, logits, teacher):
+        top_logp, ids = teacher.topk(4, -1)
+        drafted = logits.gather(-1, ids)
+        error = (drafted[:, 1:] - drafted[:, :1]) - (top_logp[:, 1:] - top_logp[:, :1])
+        return kl + weight * (top_logp[:, 1:].exp() * error.square()).sum(-1), ids[:, 0]
 
-    train_module.ttt_terms = ttt_terms
+    train_module.ttt_terms = ttt_terms_with(slot_loss)
 
 
 def layer_n_aux(_: float, s: TrainSettings) -> None:
