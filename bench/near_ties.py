@@ -10,7 +10,9 @@ chain, what vLLM checks first. A hit: the drafter's argmax is the target's token
 its argmax). Slots are bucketed by the target's own margin, p(top 1) - p(top 2), computed as the
 training teacher computes it (bf16 logits of the stored last state); for the near ties it also
 counts how many bf16 steps of the logits separate the two, i.e. how much of the target's pick
-its rounding decides. Offline, no engine: reads the shards, the target's head and both exports.
+its rounding decides, and how often the teacher's own argmax is the generated token (whether
+the near ties' labels are the engine's picks or noise). Offline, no engine: reads the shards,
+the target's head and both exports.
 """
 
 from __future__ import annotations
@@ -59,7 +61,8 @@ def slot_table(results: Path, drafters: dict[str, Eagle3Drafter], heldout: float
     and each drafter's hit."""
     shards = sorted(glob.glob(str(results / "hidden" / "shard-*.zarr")))
     head = load_target_head(results / "demo" / "target")
-    margin, steps, hits = [], [], {name: [] for name in drafters}
+    margin, steps, teacher = [], [], []
+    hits = {name: [] for name in drafters}
     draft_ids = {name: draft_to_target_ids(model.d2t) for name, model in drafters.items()}
     opened = {}
     for ref in list_samples(shards, heldout, "heldout"):
@@ -74,6 +77,7 @@ def slot_table(results: Path, drafters: dict[str, Eagle3Drafter], heldout: float
         margin.append(probs[:, 0] - probs[:, 1])
         ulp = 2.0 ** (torch.floor(torch.log2(top[:, 0].abs().clamp(min=1e-30))) - 7)
         steps.append((top[:, 0] - top[:, 1]) / ulp)
+        teacher.append(logits.argmax(-1) == ids[slots + 2])
         aux = sample["aux"].reshape(length, -1).float()[None]
         for name, model in drafters.items():
             first = model(aux, ids[None], head.embed, 1)[0][0]  # an own embedding wins
@@ -82,6 +86,7 @@ def slot_table(results: Path, drafters: dict[str, Eagle3Drafter], heldout: float
     return {
         "margin": torch.cat(margin),
         "bf16_steps": torch.cat(steps),
+        "teacher_hits": torch.cat(teacher),
         "hits": {name: torch.cat(h) for name, h in hits.items()},
     }
 
@@ -99,8 +104,10 @@ def figures_of(table: dict) -> dict:
         })  # fmt: skip
     near = margin < NEAR_TIE
     rounding = near & (table["bf16_steps"] <= 2)
+    teacher = table["teacher_hits"].float()
     return {
         "slots": len(margin),
+        "teacher_hit": {"all": teacher.mean().item(), "near_tie": teacher[near].mean().item()},
         "hit": {name: h.float().mean().item() for name, h in hits.items()},
         "buckets": buckets,
         "near_tie_bf16_steps": {
@@ -119,6 +126,12 @@ def table_rows(f: dict) -> list[Row]:
 
     rows = [
         Row("held-out response slots (each drafts the token after next)", f"{f['slots']:,}"),
+        Row(
+            "the training teacher's argmax is the generated token (the engine's greedy pick): "
+            "all slots / near ties",
+            f"{f['teacher_hit']['all']:.3f} / {f['teacher_hit']['near_tie']:.3f}",
+            key="teacher_hit",
+        ),
         Row("draft position 1 hit rate, ours / peer", pair(f["hit"]), key="hit"),
     ]
     for b in f["buckets"]:
