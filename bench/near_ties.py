@@ -58,7 +58,7 @@ def load_peer(peer_export: Path, ours_export: Path) -> Eagle3Drafter:
 @torch.no_grad()
 def slot_table(results: Path, drafters: dict[str, Eagle3Drafter], heldout: float) -> dict:
     """Per held-out response slot: the target's margin, its top-two logit gap in bf16 steps,
-    and each drafter's hit."""
+    whether the teacher's argmax is the generated token, and each drafter's hit."""
     shards = sorted(glob.glob(str(results / "hidden" / "shard-*.zarr")))
     head = load_target_head(results / "demo" / "target")
     margin, steps, teacher = [], [], []
