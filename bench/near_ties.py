@@ -70,8 +70,7 @@ def slot_table(results: Path, drafters: dict[str, Eagle3Drafter], heldout: float
         ids = sample["input_ids"]
         length = len(ids)
         slots = torch.arange(max(0, response_start(sample["loss_mask"]) - 1), length - 2)
-        normed = head.norm(sample["last"].float()).to(torch.bfloat16)
-        logits = (normed.float() @ head.lm_head.float().T).to(torch.bfloat16).float()[slots + 1]
+        logits = head.full_logits(sample["last"]).float()[slots + 1]
         top = logits.topk(2, -1).values
         probs = torch.softmax(logits, -1).topk(2, -1).values
         margin.append(probs[:, 0] - probs[:, 1])

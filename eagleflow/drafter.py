@@ -275,17 +275,22 @@ class TargetHead(nn.Module):
         self.register_buffer("lm_head", lm_head, persistent=False)
 
     @torch.no_grad()
-    def teacher(
-        self, last: torch.Tensor, draft_ids: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Log-probs over the draft vocab [B, T, Dv] and whether the target's argmax lies in it."""
+    def full_logits(self, last: torch.Tensor) -> torch.Tensor:
+        """The target's logits over its whole vocab [..., V] from stored last-layer states, in
+        the lm_head's dtype: what the teacher reads."""
         dtype = self.lm_head.dtype
         normed = self.norm(last.float()).to(dtype)
         if dtype == torch.bfloat16 and not native_bf16(normed.device):
             # The same bf16 operands, multiplied in float32 (emulated bf16 is ~10x slower).
-            full = (normed.float() @ self.lm_head.float().T).to(dtype)  # [B, T, V]
-        else:
-            full = normed @ self.lm_head.T  # [B, T, V]
+            return (normed.float() @ self.lm_head.float().T).to(dtype)
+        return normed @ self.lm_head.T
+
+    @torch.no_grad()
+    def teacher(
+        self, last: torch.Tensor, draft_ids: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Log-probs over the draft vocab [B, T, Dv] and whether the target's argmax lies in it."""
+        full = self.full_logits(last)  # [B, T, V]
         in_draft = torch.zeros(full.shape[-1], dtype=torch.bool, device=full.device)
         in_draft[draft_ids] = True
         argmax_in_draft = in_draft[full.argmax(-1)]
