@@ -234,13 +234,15 @@ def one_pass_through_the_server(url: str, demo_run: Path, tmp_path: Path) -> Non
             sample["input_ids"].tolist()
             == record["prompt_token_ids"] + record["response_token_ids"]
         )
-    # The server's engine is compiled, the run's generation eager: answers may part at greedy
-    # near-ties; where the ids agree, so must the states.
-    comparison = compare_shards(tmp_path / "shard.zarr", stores[shard])
+    # The server's engine is compiled, the run's generation eager: answers may part, but only
+    # at greedy near-ties of the target; where the ids agree, so must the states.
+    comparison = compare_shards(
+        tmp_path / "shard.zarr", stores[shard], target=demo_run / "results/demo/target"
+    )
     print(f"one pass, server vs separate pass:\n{format_comparison(comparison)}")
     assert comparison.samples_compared == served.num_samples
     assert comparison.identical_ids >= comparison.samples_compared // 2
-    assert not comparison.beyond_tolerance
+    assert comparison.ok, comparison.ids_differ
 
 
 def _kill_server_on(port: int) -> None:

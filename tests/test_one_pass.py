@@ -22,10 +22,11 @@ from faults import corruption_trial, planned_shards
 from test_drafter import CFG, small_drafter
 
 from eagleflow.capture import ShardFormat, generate_and_capture_shard
-from eagleflow.compare import compare_shards, format_comparison
+from eagleflow.compare import NEAR_TIE, compare_shards, format_comparison
+from eagleflow.drafter import load_target_head
 from eagleflow.files import read_jsonl
 from eagleflow.generate import Sampling
-from eagleflow.shards import open_shard
+from eagleflow.shards import ShardWriter, open_shard
 from eagleflow.status import extraction_status
 from eagleflow.ttt_loss import ttt_terms
 
@@ -80,7 +81,11 @@ def test_one_pass_shards_equal_a_separate_pass_within_bf16(
     one_pass_run: Path, demo_run: Path
 ) -> None:
     """The check of the issue: each one-pass shard against the same shard extracted in a
-    separate pass (the demo run's): identical ids, states within bf16 rounding."""
+    separate pass (the demo run's): identical ids, states within bf16 rounding. One pass runs
+    generation's engine mode, but its engine batches otherwise, so on some CPUs an answer
+    parts from the generate stage's where the target's two best tokens are nearly tied (one
+    of 258 on a Xeon with AMX, at its 256th token); any other difference fails, and so would
+    near ties in more than 2% of the answers (the compiled engine parted in 64 of 258)."""
     verify = subprocess.run(
         [sys.executable, "-m", "eagleflow.verify", "--results", "results"],
         cwd=one_pass_run,
@@ -99,13 +104,74 @@ def test_one_pass_shards_equal_a_separate_pass_within_bf16(
         for stored, sample in zip(shard.iter_samples(), prepared, strict=True):
             assert stored["input_ids"].tolist() == sample["input_ids"]
             assert stored["loss_mask"].tolist() == [bool(m) for m in sample["loss_mask"]]
-        comparison = compare_shards(one_pass_run / path, demo_run / path)
+        comparison = compare_shards(
+            one_pass_run / path, demo_run / path, target=demo_run / "results/demo/target"
+        )
         print(f"{path}: one pass vs separate pass\n{format_comparison(comparison)}")
         assert comparison.samples_compared == shard.num_samples
-        assert comparison.identical_ids == comparison.samples_compared
-        assert comparison.ok
+        assert comparison.identical_ids >= 0.98 * comparison.samples_compared
+        assert comparison.ok, comparison.ids_differ  # those that differ part at near ties
         # Not bit-identical (decode steps and a prefill round differently), but close.
         assert max(comparison.max_relative_error.values()) < 0.02
+
+
+def test_compare_explains_ids_that_part_at_a_near_tie_and_fails_any_other(
+    demo_run: Path, tmp_path: Path
+) -> None:
+    """A real shard against copies with one generated token swapped for the target's second
+    best: at a near tie (gap < NEAR_TIE) the difference is explained and the shards agree; at a
+    clear position it is named "not a near tie" and they differ."""
+    target = demo_run / "results/demo/target"
+    reference = open_shard(demo_run / "results/hidden/shard-00000.zarr")
+    samples = [reference.sample(i) for i in range(reference.num_samples)]
+    head = load_target_head(target)
+
+    def swap(sample: dict, near_tie: bool) -> dict | None:
+        """The sample with its first token (in the answer) of that kind swapped, or None."""
+        probs = head.full_logits(sample["last"]).float().softmax(-1)
+        top = probs.topk(2)
+        gap = top.values[:, 0] - top.values[:, 1]
+        answer = sample["loss_mask"].nonzero().flatten().tolist()
+        for position in answer[:-1]:
+            clear = gap[position] > 0.5 and int(top.indices[position, 0]) == int(
+                sample["input_ids"][position + 1]
+            )
+            if (gap[position] < NEAR_TIE / 2) if near_tie else clear:
+                ids = sample["input_ids"].clone()
+                best_two = top.indices[position].tolist()
+                ids[position + 1] = best_two[1] if ids[position + 1] == best_two[0] else best_two[0]
+                return {**sample, "input_ids": ids}
+        return None
+
+    def write(path: Path, rows: list[dict]) -> Path:
+        attrs = reference.attrs
+        with ShardWriter(
+            path, aux_layer_ids=attrs["aux_layer_ids"], last_layer_id=attrs["last_layer_id"],
+            hidden_size=attrs["hidden_size"], attrs={},
+        ) as writer:  # fmt: skip
+            for row in rows:
+                writer.append(
+                    row["sample_id"], row["input_ids"], row["loss_mask"], row["aux"], row["last"]
+                )
+        return path
+
+    tied = next(i for i, s in enumerate(samples) if swap(s, near_tie=True))
+    clear = next(i for i, s in enumerate(samples) if i != tied and swap(s, near_tie=False))
+    original = write(tmp_path / "original.zarr", samples)
+    one_swap = [swap(s, True) if i == tied else s for i, s in enumerate(samples)]
+    two_swaps = [swap(s, False) if i == clear else s for i, s in enumerate(one_swap)]
+
+    at_tie = compare_shards(write(tmp_path / "tie.zarr", one_swap), original, target=target)
+    print(format_comparison(at_tie))
+    assert len(at_tie.ids_differ) == at_tie.ids_differ_at_near_ties == 1 and at_tie.ok
+    assert "a near tie" in at_tie.ids_differ[0]
+    both = compare_shards(write(tmp_path / "both.zarr", two_swaps), original, target=target)
+    print(format_comparison(both))
+    assert len(both.ids_differ) == 2 and both.ids_differ_at_near_ties == 1 and not both.ok
+    assert any(samples[clear]["sample_id"] in why and "not a near tie" in why
+               for why in both.ids_differ)  # fmt: skip
+    # Without the target nothing is explained: any difference fails.
+    assert not compare_shards(tmp_path / "tie.zarr", original).ok
 
 
 def test_status_and_projection_count_one_pass_shards(one_pass_run: Path) -> None:
