@@ -27,6 +27,7 @@ import torch
 from rows import Row, finish, output_arguments
 from safetensors.torch import load_file, save_file
 
+from eagleflow.compare import NEAR_TIE
 from eagleflow.drafter import Eagle3Drafter, load_target_head
 from eagleflow.evaluate import response_start
 from eagleflow.export import RECIPE_FLAGS, load_drafter
@@ -34,8 +35,7 @@ from eagleflow.loader import list_samples
 from eagleflow.shards import open_shard
 from eagleflow.vocab import draft_to_target_ids
 
-MARGINS = ((0.0, 0.05), (0.05, 0.2), (0.2, 0.5), (0.5, 1.01))
-NEAR_TIE = 0.05
+MARGINS = ((0.0, NEAR_TIE), (NEAR_TIE, 0.2), (0.2, 0.5), (0.5, 1.01))
 
 
 def load_peer(peer_export: Path, ours_export: Path) -> Eagle3Drafter:
