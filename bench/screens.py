@@ -226,6 +226,20 @@ def muon_head(_: float, s: TrainSettings) -> None:
     train_module.build_optimizer = build_optimizer
 
 
+def muon_momentum(momentum: float, s: TrainSettings) -> None:
+    """Muon's momentum (torch's default 0.95): with 2,048-token batches the gradient is noisy,
+    and the momentum sets how many steps' gradients each orthogonalized step averages."""
+    plain = train_module.build_optimizer
+
+    def build_optimizer(model, **kwargs):
+        optimizers = plain(model, **kwargs)
+        for group in optimizers.optimizers[0].param_groups:
+            group["momentum"] = momentum
+        return optimizers
+
+    train_module.build_optimizer = build_optimizer
+
+
 def data_seed(seed: float, s: TrainSettings) -> None:
     """The data order of train seed `seed`, the initialization of --seed: whether a seed's
     result follows its initialization or its data order."""
@@ -251,6 +265,7 @@ VARIANTS: dict[str, Callable] = {
         confidence,
         data_seed,
         muon_head,
+        muon_momentum,
         top_ratio,
     )
 }
