@@ -51,32 +51,50 @@ def head_lr(scale: float, s: TrainSettings) -> None:
     recipe_module.Optimizers.step = scaled_step
 
 
-def zero_out_init(_: float, s: TrainSettings) -> None:
-    """The layer's o_proj and down_proj start at zero (modded-nanogpt's start for Muon blocks)."""
+def edit_new_drafters(edit: Callable[[torch.nn.Module], None]) -> None:
+    """Apply `edit` (under no_grad) to every drafter right after it is built."""
     plain_init = drafter_module.Eagle3Drafter.__init__
 
     def init(self, *args, **kwargs) -> None:
         plain_init(self, *args, **kwargs)
         with torch.no_grad():
-            self.midlayer.self_attn.o_proj.weight.zero_()
-            self.midlayer.mlp.down_proj.weight.zero_()
+            edit(self)
 
     drafter_module.Eagle3Drafter.__init__ = init
+
+
+def edit_new_optimizers(edit: Callable[[torch.nn.Module, recipe_module.Optimizers], None]) -> None:
+    """Apply `edit` to the optimizers training builds, given the model, before the first step."""
+    plain = train_module.build_optimizer
+
+    def build_optimizer(model, **kwargs):
+        optimizers = plain(model, **kwargs)
+        edit(model, optimizers)
+        return optimizers
+
+    train_module.build_optimizer = build_optimizer
+
+
+def zero_out_init(_: float, s: TrainSettings) -> None:
+    """The layer's o_proj and down_proj start at zero (modded-nanogpt's start for Muon blocks)."""
+
+    def zero_out(drafter) -> None:
+        drafter.midlayer.self_attn.o_proj.weight.zero_()
+        drafter.midlayer.mlp.down_proj.weight.zero_()
+
+    edit_new_drafters(zero_out)
 
 
 def init_std(std: float, s: TrainSettings) -> None:
     """The fc and the layer's matrices start normal(0, std) (HF's Llama init, initializer_range
     0.02) instead of torch's Linear default (uniform, std 1/sqrt(3 fan_in): 0.03-0.05 here)."""
-    plain_init = drafter_module.Eagle3Drafter.__init__
 
-    def init(self, *args, **kwargs) -> None:
-        plain_init(self, *args, **kwargs)
-        with torch.no_grad():
-            for module in (self.fc, *self.midlayer.modules()):
-                if isinstance(module, torch.nn.Linear):
-                    module.weight.normal_(0.0, std)
+    def redraw(drafter) -> None:
+        for module in (drafter.fc, *drafter.midlayer.modules()):
+            if isinstance(module, torch.nn.Linear):
+                module.weight.normal_(0.0, std)
 
-    drafter_module.Eagle3Drafter.__init__ = init
+    edit_new_drafters(redraw)
 
 
 def wsd(decay_from: float, s: TrainSettings) -> None:
@@ -211,33 +229,27 @@ def float32_teacher(_: float, s: TrainSettings) -> None:
 def muon_head(_: float, s: TrainSettings) -> None:
     """The lm_head stepped by Muon with the hidden matrices instead of by AdamW (Muon's authors
     keep it in AdamW; Muon's orthogonalized steps may learn the output rows faster)."""
-    plain = train_module.build_optimizer
 
-    def build_optimizer(model, **kwargs):
-        optimizers = plain(model, **kwargs)
+    def move_head(model, optimizers) -> None:
         muon, adamw = optimizers.optimizers
         head = model.lm_head.weight
         adamw.param_groups[0]["params"] = [
             p for p in adamw.param_groups[0]["params"] if p is not head
         ]
         muon.param_groups[0]["params"].append(head)
-        return optimizers
 
-    train_module.build_optimizer = build_optimizer
+    edit_new_optimizers(move_head)
 
 
 def muon_momentum(momentum: float, s: TrainSettings) -> None:
     """Muon's momentum (torch's default 0.95): with 2,048-token batches the gradient is noisy,
     and the momentum sets how many steps' gradients each orthogonalized step averages."""
-    plain = train_module.build_optimizer
 
-    def build_optimizer(model, **kwargs):
-        optimizers = plain(model, **kwargs)
+    def set_momentum(_, optimizers) -> None:
         for group in optimizers.optimizers[0].param_groups:
             group["momentum"] = momentum
-        return optimizers
 
-    train_module.build_optimizer = build_optimizer
+    edit_new_optimizers(set_momentum)
 
 
 def data_seed(seed: float, s: TrainSettings) -> None:
