@@ -263,6 +263,22 @@ def data_seed(seed: float, s: TrainSettings) -> None:
     train_module.TrainBatches = batches
 
 
+def detach_feedback(depth: float, s: TrainSettings) -> None:
+    """Chain step k's loss stops at its own inputs: the state fed back from step k-1 is detached
+    (depth 1), and with depth 2 the earlier steps' keys and values too, so only step 0's loss
+    trains what step 0 computes (ours and the peer's trainer backpropagate through the chain)."""
+    plain = drafter_module.MidLayer.forward
+
+    def forward(self, embeds, hidden, positions, cache):
+        if cache:
+            hidden = hidden.detach()
+            if depth >= 2:
+                cache[:] = [(k.detach(), v.detach()) for k, v in cache]
+        return plain(self, embeds, hidden, positions, cache)
+
+    drafter_module.MidLayer.forward = forward
+
+
 VARIANTS: dict[str, Callable] = {
     f.__name__: f
     for f in (
@@ -279,6 +295,7 @@ VARIANTS: dict[str, Callable] = {
         muon_head,
         muon_momentum,
         top_ratio,
+        detach_feedback,
     )
 }
 
