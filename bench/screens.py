@@ -97,6 +97,18 @@ def init_std(std: float, s: TrainSettings) -> None:
     edit_new_drafters(redraw)
 
 
+def fc_identity(scale: float, s: TrainSettings) -> None:
+    """The fc starts passing the last aux state through: `scale` x identity added on its block
+    of the fc's columns (the rest keeps torch's default), so step 0's hidden input starts as
+    the target's deepest captured state instead of a random projection of all three."""
+
+    def add_identity(drafter) -> None:
+        hidden = drafter.cfg.hidden_size
+        drafter.fc.weight[:, -hidden:] += scale * torch.eye(hidden)
+
+    edit_new_drafters(add_identity)
+
+
 def wsd(decay_from: float, s: TrainSettings) -> None:
     """Warmup, the peak until `decay_from` of the steps, then linear to 0 (instead of cosine)."""
 
@@ -296,6 +308,7 @@ VARIANTS: dict[str, Callable] = {
         muon_momentum,
         top_ratio,
         detach_feedback,
+        fc_identity,
     )
 }
 
