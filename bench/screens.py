@@ -275,17 +275,15 @@ def data_seed(seed: float, s: TrainSettings) -> None:
     train_module.TrainBatches = batches
 
 
-def detach_feedback(depth: float, s: TrainSettings) -> None:
-    """Chain step k's loss stops at its own inputs: the state fed back from step k-1 is detached
-    (depth 1), and with depth 2 the earlier steps' keys and values too, so only step 0's loss
-    trains what step 0 computes (ours and the peer's trainer backpropagate through the chain)."""
+def detach_feedback(_: float, s: TrainSettings) -> None:
+    """The state fed back from chain step k-1 is detached, so step k's loss no longer trains
+    what the earlier steps computed it from (ours and the peer's trainer backpropagate through
+    the chain)."""
     plain = drafter_module.MidLayer.forward
 
     def forward(self, embeds, hidden, positions, cache):
-        if cache:
+        if cache:  # a later chain step
             hidden = hidden.detach()
-            if depth >= 2:
-                cache[:] = [(k.detach(), v.detach()) for k, v in cache]
         return plain(self, embeds, hidden, positions, cache)
 
     drafter_module.MidLayer.forward = forward
