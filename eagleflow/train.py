@@ -187,8 +187,8 @@ def _batch_terms(
     module = model.module if hasattr(model, "module") else model
     device = batch["aux"].device.type
     # bf16 matmuls (tensor cores on GPUs; AVX512-BF16 or AMX on CPUs): the demo's train job took
-    # 381 s against 427 s in float32 on an AMD EPYC; at one thread on a second Xeon with AMX,
-    # float32 was as fast (bench/RESULTS.md "Training in float32", screens.precision).
+    # 381 s against 427 s in float32 on an AMD EPYC, a screen 556 s against 590 s on a Xeon with
+    # AMX (bench/RESULTS.md "Training in float32", screens.precision).
     bf16 = s.precision == "bf16" or (s.precision == "auto" and native_bf16(batch["aux"].device))
     with torch.autocast(device, dtype=torch.bfloat16, enabled=bf16):
         outputs = model(batch["aux"].float(), batch["input_ids"], head.embed, s.ttt_steps)
