@@ -257,7 +257,7 @@ def preflight(status: ExtractionStatus, margin_bytes: int) -> None:
             f"not enough disk for extraction: {human_bytes(status.remaining_bytes)} still to "
             f"write (projected total {human_bytes(status.projected_bytes)}), "
             f"{human_bytes(status.free_bytes)} free minus a margin of "
-            f"{human_bytes(margin_bytes)}: short by {human_bytes(short)}"
+            f"{human_bytes(margin_bytes)} (extract.disk_margin_gb): short by {human_bytes(short)}"
         )
 
 

@@ -84,6 +84,7 @@ def test_extraction_refuses_to_start_without_disk(demo_copy: Path) -> None:
     assert result.returncode != 0
     log = (demo_copy / "results/logs/extract/shard-00000.log").read_text()
     assert "not enough disk for extraction" in log and "short by" in log
+    assert "(extract.disk_margin_gb)" in log  # the message names the key that sets the margin
     assert not stores["00000"].exists()
 
 
