@@ -140,8 +140,11 @@ def ttt_terms_with(slot_loss: Callable) -> Callable:
     the logged accuracy counts."""
 
     def ttt_terms(
-        draft_outputs, to_logits, teacher_logp, argmax_in_draft, loss_mask, accuracy=True
-    ):
+        draft_outputs, to_logits, teacher_logp, argmax_in_draft, loss_mask, accuracy=True,
+        hard_label_weight=0.0,
+    ):  # fmt: skip
+        if hard_label_weight:
+            raise ValueError("a slot-loss screen replaces the loss: set hard_label_weight=0")
         kl_sums, counts, correct = [], [], []
         teacher_p = teacher_logp.exp()
         teacher_neg_entropy = (teacher_p * teacher_logp).sum(-1)

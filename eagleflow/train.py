@@ -66,6 +66,8 @@ class TrainSettings:
     grad_clip: float = 1.0
     ttt_steps: int = 7
     step_weight: float = 0.4
+    # Weight of a cross-entropy term on the target's argmax, added to each slot's KL.
+    hard_label_weight: float = 0.0
     heldout_fraction: float = 0.05
     seed: int = 0
     checkpoint_every: int = 500
@@ -192,9 +194,8 @@ def _batch_terms(
     bf16 = s.precision == "bf16" or (s.precision == "auto" and native_bf16(batch["aux"].device))
     with torch.autocast(device, dtype=torch.bfloat16, enabled=bf16):
         outputs = model(batch["aux"].float(), batch["input_ids"], head.embed, s.ttt_steps)
-        return ttt_terms(
-            outputs, module.logits, teacher_logp, argmax_in_draft, batch["loss_mask"], accuracy
-        )
+        slots = (outputs, module.logits, teacher_logp, argmax_in_draft, batch["loss_mask"])
+        return ttt_terms(*slots, accuracy, s.hard_label_weight)
 
 
 @torch.no_grad()

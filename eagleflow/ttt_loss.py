@@ -1,5 +1,6 @@
 """The training-time-test objective: per chain step, the forward KL of the drafter's logits to the
-target's over the slots a served chain drafts from."""
+target's over the slots a served chain drafts from, plus optionally a cross-entropy term on the
+target's argmax."""
 
 from __future__ import annotations
 
@@ -15,9 +16,13 @@ def ttt_terms(
     argmax_in_draft: torch.Tensor,
     loss_mask: torch.Tensor,
     accuracy: bool = True,
+    hard_label_weight: float = 0.0,
 ) -> tuple[list[torch.Tensor], list[torch.Tensor], list[torch.Tensor]]:
-    """Per step k: summed forward KL, number of valid slots and number of argmax matches (zero
-    without `accuracy`: the argmaxes only feed logged metrics).
+    """Per step k: summed loss, number of valid slots and number of argmax matches (zero
+    without `accuracy`: the argmaxes only feed logged metrics). A slot's loss is its forward KL
+    plus `hard_label_weight` x the cross-entropy of the target's argmax: where the target's two
+    best tokens nearly tie, the KL asks for ~50/50 and leaves the drafter's pick to chance, while
+    greedy serving accepts only the token the target takes.
 
     Slot t of step k predicts token t+2+k with the teacher of position t+1+k. It counts when that
     token and the input token t+1+k are both assistant tokens (drafting starts at the last prompt
@@ -27,16 +32,20 @@ def ttt_terms(
     kl_sums, counts, correct = [], [], []
     teacher_p = teacher_logp.exp()
     teacher_neg_entropy = (teacher_p * teacher_logp).sum(-1)
-    teacher_best = teacher_logp.argmax(-1) if accuracy else None
+    teacher_best = teacher_logp.argmax(-1) if accuracy or hard_label_weight else None
     for step, outputs in enumerate(draft_outputs):
         shift, valid = chain_step_slots(loss_mask, argmax_in_draft, step)
         logits, kl = slot_kl(outputs, to_logits, teacher_p, teacher_neg_entropy, shift, valid)
+        best = teacher_best[:, shift:][valid] if teacher_best is not None else None
+        if hard_label_weight:
+            picked = logits.gather(-1, best[:, None]).squeeze(-1)
+            kl = kl + hard_label_weight * (torch.logsumexp(logits, -1) - picked)
         kl_sums.append(kl.sum())
         counts.append(valid.sum())
-        if teacher_best is None:
+        if not accuracy:
             correct.append(torch.zeros((), dtype=torch.int64, device=valid.device))
         else:
-            correct.append((logits.argmax(-1) == teacher_best[:, shift:][valid]).sum())
+            correct.append((logits.argmax(-1) == best).sum())
     return kl_sums, counts, correct
 
 

@@ -155,6 +155,10 @@ def test_ttt_terms_mask_prompt_and_out_of_vocab_positions() -> None:
     torch.testing.assert_close(kl[0], reference)
     _, _, skipped = ttt_terms(logits, lambda x: x, teacher, in_draft, loss_mask, accuracy=False)
     assert all(c == 0 for c in skipped)
+    # With a hard-label weight w each slot adds w x the cross-entropy of the teacher's argmax.
+    mixed, _, _ = ttt_terms(logits, lambda x: x, teacher, in_draft, loss_mask, True, 0.3)
+    picked = sum(F.cross_entropy(logits[0][0, t], teacher[0, t + 1].argmax()) for t in (2, 3))
+    torch.testing.assert_close(mixed[0], reference + 0.3 * picked)
     # A drafter whose slot t equals the teacher of position t+1+k: zero loss, full accuracy.
     perfect = [teacher.roll(-1 - step, dims=1) for step in range(2)]
     kl, counts, correct = ttt_terms(perfect, lambda x: x, teacher, in_draft, loss_mask)
