@@ -29,24 +29,24 @@ def ttt_terms(
     position) and the target's argmax lies in the draft vocab. Logits are computed for those
     slots only.
     """
-    kl_sums, counts, correct = [], [], []
+    loss_sums, counts, correct = [], [], []
     teacher_p = teacher_logp.exp()
     teacher_neg_entropy = (teacher_p * teacher_logp).sum(-1)
     teacher_best = teacher_logp.argmax(-1) if accuracy or hard_label_weight else None
     for step, outputs in enumerate(draft_outputs):
         shift, valid = chain_step_slots(loss_mask, argmax_in_draft, step)
-        logits, kl = slot_kl(outputs, to_logits, teacher_p, teacher_neg_entropy, shift, valid)
+        logits, loss = slot_kl(outputs, to_logits, teacher_p, teacher_neg_entropy, shift, valid)
         best = teacher_best[:, shift:][valid] if teacher_best is not None else None
         if hard_label_weight:
             picked = logits.gather(-1, best[:, None]).squeeze(-1)
-            kl = kl + hard_label_weight * (torch.logsumexp(logits, -1) - picked)
-        kl_sums.append(kl.sum())
+            loss = loss + hard_label_weight * (torch.logsumexp(logits, -1) - picked)
+        loss_sums.append(loss.sum())
         counts.append(valid.sum())
         if not accuracy:
             correct.append(torch.zeros((), dtype=torch.int64, device=valid.device))
         else:
             correct.append((logits.argmax(-1) == best).sum())
-    return kl_sums, counts, correct
+    return loss_sums, counts, correct
 
 
 def chain_step_slots(
