@@ -150,7 +150,9 @@ def ttt_terms_with(slot_loss: Callable) -> Callable:
         teacher_neg_entropy = (teacher_p * teacher_logp).sum(-1)
         for step, outputs in enumerate(draft_outputs):
             shift, valid = chain_step_slots(loss_mask, argmax_in_draft, step)
-            logits, kl = slot_kl(outputs, to_logits, teacher_p, teacher_neg_entropy, shift, valid)
+            logits, _, kl = slot_kl(
+                outputs, to_logits, teacher_p, teacher_neg_entropy, shift, valid
+            )
             loss, best = slot_loss(kl, logits, teacher_logp[:, shift:][valid])
             kl_sums.append(loss.sum())
             counts.append(valid.sum())

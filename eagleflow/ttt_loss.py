@@ -35,11 +35,13 @@ def ttt_terms(
     teacher_best = teacher_logp.argmax(-1) if accuracy or hard_label_weight else None
     for step, outputs in enumerate(draft_outputs):
         shift, valid = chain_step_slots(loss_mask, argmax_in_draft, step)
-        logits, loss = slot_kl(outputs, to_logits, teacher_p, teacher_neg_entropy, shift, valid)
+        logits, log_norm, loss = slot_kl(
+            outputs, to_logits, teacher_p, teacher_neg_entropy, shift, valid
+        )
         best = teacher_best[:, shift:][valid] if teacher_best is not None else None
         if hard_label_weight:
             picked = logits.gather(-1, best[:, None]).squeeze(-1)
-            loss = loss + hard_label_weight * (torch.logsumexp(logits, -1) - picked)
+            loss = loss + hard_label_weight * (log_norm - picked)
         loss_sums.append(loss.sum())
         counts.append(valid.sum())
         if not accuracy:
@@ -68,15 +70,16 @@ def slot_kl(
     teacher_neg_entropy: torch.Tensor,
     shift: int,
     valid: torch.Tensor,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """The drafter's float32 logits at the valid slots of one chain step, and each slot's
-    KL(p || softmax(z)) = sum p log p + logsumexp(z) - p.z (the teacher's terms computed once
-    per batch: two passes over the logits, where log_softmax, then p * (log p - log q) took
-    five)."""
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The drafter's float32 logits at the valid slots of one chain step, their logsumexp
+    (reused by terms on top of the KL), and each slot's KL(p || softmax(z)) = sum p log p +
+    logsumexp(z) - p.z (the teacher's terms computed once per batch: two passes over the
+    logits, where log_softmax, then p * (log p - log q) took five)."""
     rows = outputs[:, : valid.shape[1]][valid]
     logits = to_logits(pad_rows(rows)).float()[: rows.shape[0]]
+    log_norm = torch.logsumexp(logits, -1)
     cross = (teacher_p[:, shift:][valid] * logits).sum(-1)
-    return logits, teacher_neg_entropy[:, shift:][valid] + torch.logsumexp(logits, -1) - cross
+    return logits, log_norm, teacher_neg_entropy[:, shift:][valid] + log_norm - cross
 
 
 def pad_rows(rows: torch.Tensor, multiple: int = 128) -> torch.Tensor:
