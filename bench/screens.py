@@ -135,9 +135,9 @@ def kv_heads(count: float, s: TrainSettings) -> None:
 
 def ttt_terms_with(slot_loss: Callable) -> Callable:
     """eagleflow.ttt_loss.ttt_terms with each chain step's loss the sum of
-    slot_loss(kl, logits, teacher) over its valid slots (their KL, the drafter's logits and the
-    teacher's log-probs there), which returns the per-slot loss and the teacher's token that
-    the logged accuracy counts."""
+    slot_loss(kl, logits, teacher, step) over its valid slots (their KL, the drafter's logits
+    and the teacher's log-probs there; the chain step), which returns the per-slot loss and the
+    teacher's token that the logged accuracy counts."""
 
     def ttt_terms(
         draft_outputs, to_logits, teacher_logp, argmax_in_draft, loss_mask, accuracy=True,
@@ -153,7 +153,7 @@ def ttt_terms_with(slot_loss: Callable) -> Callable:
             logits, _, kl = slot_kl(
                 outputs, to_logits, teacher_p, teacher_neg_entropy, shift, valid
             )
-            loss, best = slot_loss(kl, logits, teacher_logp[:, shift:][valid])
+            loss, best = slot_loss(kl, logits, teacher_logp[:, shift:][valid], step)
             kl_sums.append(loss.sum())
             counts.append(valid.sum())
             correct.append((logits.argmax(-1) == best).sum())
@@ -167,7 +167,7 @@ def weighted_ttt_terms(weight_of: Callable) -> Callable:
     probability of the teacher's argmax; detached), divided by its mean over the chain step's
     slots."""
 
-    def slot_loss(kl, logits, teacher):
+    def slot_loss(kl, logits, teacher, step):
         best = teacher.argmax(-1)
         q_best = logits.gather(-1, best[:, None]).squeeze(-1) - torch.logsumexp(logits, -1)
         weight = weight_of(q_best.exp().detach(), teacher.amax(-1).exp())
@@ -196,11 +196,26 @@ def top_ratio(weight: float, s: TrainSettings) -> None:
     near ties (where most position-1 misses are, bench/near_ties.py) get the order of their
     two tokens pushed harder than the KL pushes it (q_i - p_i, small when q is near p)."""
 
-    def slot_loss(kl, logits, teacher):
+    def slot_loss(kl, logits, teacher, step):
         top_logp, ids = teacher.topk(4, -1)
         drafted = logits.gather(-1, ids)
         error = (drafted[:, 1:] - drafted[:, :1]) - (top_logp[:, 1:] - top_logp[:, :1])
         return kl + weight * (top_logp[:, 1:].exp() * error.square()).sum(-1), ids[:, 0]
+
+    train_module.ttt_terms = ttt_terms_with(slot_loss)
+
+
+def first_step_hard_label(weight: float, s: TrainSettings) -> None:
+    """`hard_label_weight` at chain step 0 only: the near ties it is for are position 1's
+    misses, and the later steps keep the plain KL (the setting on every step serves less at
+    T=1.0 K=3)."""
+
+    def slot_loss(kl, logits, teacher, step):
+        best = teacher.argmax(-1)
+        if step:
+            return kl, best
+        picked = logits.gather(-1, best[:, None]).squeeze(-1)
+        return kl + weight * (torch.logsumexp(logits, -1) - picked), best
 
     train_module.ttt_terms = ttt_terms_with(slot_loss)
 
@@ -312,6 +327,7 @@ VARIANTS: dict[str, Callable] = {
         top_ratio,
         detach_feedback,
         fc_identity,
+        first_step_hard_label,
     )
 }
 
