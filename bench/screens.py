@@ -32,7 +32,7 @@ import eagleflow.train as train_module
 from eagleflow.serving_check import serving_acceptance
 from eagleflow.target_config import target_text_config
 from eagleflow.train import TrainSettings
-from eagleflow.ttt_loss import chain_step_slots, slot_kl
+from eagleflow.ttt_loss import argmax_cross_entropy, chain_step_slots, slot_kl
 
 
 def head_lr(scale: float, s: TrainSettings) -> None:
@@ -135,9 +135,9 @@ def kv_heads(count: float, s: TrainSettings) -> None:
 
 def ttt_terms_with(slot_loss: Callable) -> Callable:
     """eagleflow.ttt_loss.ttt_terms with each chain step's loss the sum of
-    slot_loss(kl, logits, teacher, step) over its valid slots (their KL, the drafter's logits
-    and the teacher's log-probs there; the chain step), which returns the per-slot loss and the
-    teacher's token that the logged accuracy counts."""
+    slot_loss(kl, logits, log_norm, teacher, step) over its valid slots (their KL, the drafter's
+    logits and their logsumexp, the teacher's log-probs there; the chain step), which returns
+    the per-slot loss and the teacher's token that the logged accuracy counts."""
 
     def ttt_terms(
         draft_outputs, to_logits, teacher_logp, argmax_in_draft, loss_mask, accuracy=True,
@@ -145,19 +145,19 @@ def ttt_terms_with(slot_loss: Callable) -> Callable:
     ):  # fmt: skip
         if hard_label_weight:
             raise ValueError("a slot-loss screen replaces the loss: set hard_label_weight=0")
-        kl_sums, counts, correct = [], [], []
+        loss_sums, counts, correct = [], [], []
         teacher_p = teacher_logp.exp()
         teacher_neg_entropy = (teacher_p * teacher_logp).sum(-1)
         for step, outputs in enumerate(draft_outputs):
             shift, valid = chain_step_slots(loss_mask, argmax_in_draft, step)
-            logits, _, kl = slot_kl(
+            logits, log_norm, kl = slot_kl(
                 outputs, to_logits, teacher_p, teacher_neg_entropy, shift, valid
             )
-            loss, best = slot_loss(kl, logits, teacher_logp[:, shift:][valid], step)
-            kl_sums.append(loss.sum())
+            loss, best = slot_loss(kl, logits, log_norm, teacher_logp[:, shift:][valid], step)
+            loss_sums.append(loss.sum())
             counts.append(valid.sum())
             correct.append((logits.argmax(-1) == best).sum())
-        return kl_sums, counts, correct
+        return loss_sums, counts, correct
 
     return ttt_terms
 
@@ -167,9 +167,9 @@ def weighted_ttt_terms(weight_of: Callable) -> Callable:
     probability of the teacher's argmax; detached), divided by its mean over the chain step's
     slots."""
 
-    def slot_loss(kl, logits, teacher, step):
+    def slot_loss(kl, logits, log_norm, teacher, step):
         best = teacher.argmax(-1)
-        q_best = logits.gather(-1, best[:, None]).squeeze(-1) - torch.logsumexp(logits, -1)
+        q_best = -argmax_cross_entropy(logits, log_norm, best)
         weight = weight_of(q_best.exp().detach(), teacher.amax(-1).exp())
         return kl * weight / weight.mean().clamp(min=1e-6), best
 
@@ -196,7 +196,7 @@ def top_ratio(weight: float, s: TrainSettings) -> None:
     near ties (where most position-1 misses are, bench/near_ties.py) get the order of their
     two tokens pushed harder than the KL pushes it (q_i - p_i, small when q is near p)."""
 
-    def slot_loss(kl, logits, teacher, step):
+    def slot_loss(kl, logits, log_norm, teacher, step):
         top_logp, ids = teacher.topk(4, -1)
         drafted = logits.gather(-1, ids)
         error = (drafted[:, 1:] - drafted[:, :1]) - (top_logp[:, 1:] - top_logp[:, :1])
@@ -210,12 +210,11 @@ def first_step_hard_label(weight: float, s: TrainSettings) -> None:
     misses, and the later steps keep the plain KL (the setting on every step serves less at
     T=1.0 K=3)."""
 
-    def slot_loss(kl, logits, teacher, step):
+    def slot_loss(kl, logits, log_norm, teacher, step):
         best = teacher.argmax(-1)
         if step:
             return kl, best
-        picked = logits.gather(-1, best[:, None]).squeeze(-1)
-        return kl + weight * (torch.logsumexp(logits, -1) - picked), best
+        return kl + weight * argmax_cross_entropy(logits, log_norm, best), best
 
     train_module.ttt_terms = ttt_terms_with(slot_loss)
 

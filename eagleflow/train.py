@@ -194,8 +194,10 @@ def _batch_terms(
     bf16 = s.precision == "bf16" or (s.precision == "auto" and native_bf16(batch["aux"].device))
     with torch.autocast(device, dtype=torch.bfloat16, enabled=bf16):
         outputs = model(batch["aux"].float(), batch["input_ids"], head.embed, s.ttt_steps)
-        slots = (outputs, module.logits, teacher_logp, argmax_in_draft, batch["loss_mask"])
-        return ttt_terms(*slots, accuracy, s.hard_label_weight)
+        return ttt_terms(
+            outputs, module.logits, teacher_logp, argmax_in_draft, batch["loss_mask"], accuracy,
+            hard_label_weight=s.hard_label_weight,
+        )  # fmt: skip
 
 
 @torch.no_grad()

@@ -40,8 +40,7 @@ def ttt_terms(
         )
         best = teacher_best[:, shift:][valid] if teacher_best is not None else None
         if hard_label_weight:
-            picked = logits.gather(-1, best[:, None]).squeeze(-1)
-            loss = loss + hard_label_weight * (log_norm - picked)
+            loss = loss + hard_label_weight * argmax_cross_entropy(logits, log_norm, best)
         loss_sums.append(loss.sum())
         counts.append(valid.sum())
         if not accuracy:
@@ -80,6 +79,14 @@ def slot_kl(
     log_norm = torch.logsumexp(logits, -1)
     cross = (teacher_p[:, shift:][valid] * logits).sum(-1)
     return logits, log_norm, teacher_neg_entropy[:, shift:][valid] + log_norm - cross
+
+
+def argmax_cross_entropy(
+    logits: torch.Tensor, log_norm: torch.Tensor, best: torch.Tensor
+) -> torch.Tensor:
+    """Each slot's cross-entropy of the target's argmax `best`, from the logits and their
+    logsumexp `log_norm` (slot_kl's): logsumexp(z) - z[best]."""
+    return log_norm - logits.gather(-1, best[:, None]).squeeze(-1)
 
 
 def pad_rows(rows: torch.Tensor, multiple: int = 128) -> torch.Tensor:
