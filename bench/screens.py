@@ -219,6 +219,18 @@ def first_step_hard_label(weight: float, s: TrainSettings) -> None:
     train_module.ttt_terms = ttt_terms_with(slot_loss)
 
 
+def reverse_kl(weight: float, s: TrainSettings) -> None:
+    """The KL plus `weight` x the reverse KL(q || p): mode-seeking where the forward KL covers
+    mass, it charges the drafter for probability where the teacher has little, pulling its top
+    token to the teacher's mode at the near ties (the hard label does that by the argmax alone)."""
+
+    def slot_loss(kl, logits, log_norm, teacher, step):
+        log_q = logits - log_norm[:, None]
+        return kl + weight * (log_q.exp() * (log_q - teacher.float())).sum(-1), teacher.argmax(-1)
+
+    train_module.ttt_terms = ttt_terms_with(slot_loss)
+
+
 def layer_n_aux(_: float, s: TrainSettings) -> None:
     """The target's layer-N state (stored for the teacher) as one more aux input: the shards'
     aux ids plus N, so the export asks vLLM for it (vLLM 0.32 captures a state after each
@@ -327,6 +339,7 @@ VARIANTS: dict[str, Callable] = {
         detach_feedback,
         fc_identity,
         first_step_hard_label,
+        reverse_kl,
     )
 }
 
