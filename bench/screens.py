@@ -226,7 +226,7 @@ def reverse_kl(weight: float, s: TrainSettings) -> None:
 
     def slot_loss(kl, logits, log_norm, teacher, step):
         log_q = logits - log_norm[:, None]
-        return kl + weight * (log_q.exp() * (log_q - teacher.float())).sum(-1), teacher.argmax(-1)
+        return kl + weight * (log_q.exp() * (log_q - teacher)).sum(-1), teacher.argmax(-1)
 
     train_module.ttt_terms = ttt_terms_with(slot_loss)
 
